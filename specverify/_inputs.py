@@ -1,0 +1,203 @@
+"""Validation and conversion of op arguments: done once, in Python, before any kernel runs.
+
+Every check raises an exception whose message names the argument (and the row, where there is
+one).  What reaches ``specverify._kernels`` is an address of float32 rows with unit inner stride,
+an address of int64 tokens already checked to lie in ``[0, V)``, and float64 uniforms in
+``[0, 1)``.  torch is never imported here: a tensor can only exist if the caller imported torch.
+"""
+
+import sys
+from typing import NamedTuple
+
+import numpy as np
+
+FLOAT32_BYTES = 4
+
+
+class FloatRows(NamedTuple):
+    """A validated ``[rows, cols]`` float32 matrix: the kernel reads ``address + i * stride``."""
+
+    keepalive: object  # the array or tensor that owns the memory (float32, unit inner stride)
+    address: int
+    rows: int
+    cols: int
+    stride: int  # elements between consecutive rows
+
+
+class Tokens(NamedTuple):
+    keepalive: object  # int64 array or tensor, contiguous
+    address: int
+    count: int
+
+
+def loaded_torch():
+    """The torch module if the caller has imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(x):
+    torch = loaded_torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _shape_text(shape):
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def float_rows(x, name, *, rows=None, cols=None):
+    """Validate a 2-D float matrix and return it as float32 rows with unit inner stride.
+
+    float32 is used as is (no copy unless the inner stride is not 1); float64, float16 and
+    bfloat16 are converted to float32 (a copy); integer, boolean and complex dtypes raise
+    TypeError.  rows/cols, when given, are the required shape.
+    """
+    if is_tensor(x):
+        torch = loaded_torch()
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {x.device}")
+        if x.is_complex() or not x.is_floating_point():
+            raise TypeError(f"{name} must hold floating-point scores (float32 preferred), got {x.dtype}")
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [rows, V], got shape {_shape_text(x.shape)}")
+        if x.requires_grad:
+            x = x.detach()
+        if x.dtype != torch.float32:
+            x = x.to(torch.float32)
+        if x.shape[1] > 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        shape, stride, address = x.shape, x.stride(0), x.data_ptr()
+    else:
+        if not isinstance(x, np.ndarray):
+            try:
+                x = np.asarray(x)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"{name} must be a 2-D float array or tensor: {error}") from None
+        kind = x.dtype.kind
+        if kind != "f":
+            raise TypeError(f"{name} must hold floating-point scores (float32 preferred), got dtype {x.dtype}")
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [rows, V], got shape {_shape_text(x.shape)}")
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        if (x.shape[1] > 1 and x.strides[1] != FLOAT32_BYTES) or x.strides[0] % FLOAT32_BYTES:
+            x = np.ascontiguousarray(x)
+        shape, stride, address = x.shape, x.strides[0] // FLOAT32_BYTES, x.ctypes.data
+    n_rows, n_cols = int(shape[0]), int(shape[1])
+    if n_cols == 0:
+        raise ValueError(f"{name} has an empty vocabulary (shape {_shape_text(shape)})")
+    if rows is not None and n_rows != rows:
+        raise ValueError(f"{name} must have {rows} rows, got shape {_shape_text(shape)}")
+    if cols is not None and n_cols != cols:
+        raise ValueError(f"{name} must have V = {cols} columns like target_probs, got shape {_shape_text(shape)}")
+    return FloatRows(x, address, n_rows, n_cols, stride)
+
+
+def tokens_int64(tokens, name="draft_tokens"):
+    """Validate a 1-D sequence of integer token ids and return them as contiguous int64.
+
+    Range against the vocabulary is checked by the caller (``check_token_range``).
+    """
+    if is_tensor(tokens):
+        torch = loaded_torch()
+        if tokens.device.type != "cpu":
+            raise ValueError(f"{name} must be a CPU tensor, got device {tokens.device}")
+        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
+            raise TypeError(f"{name} must hold integer token ids, got {tokens.dtype}")
+        if tokens.dim() != 1:
+            raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
+        if tokens.dtype != torch.int64 or not tokens.is_contiguous():
+            tokens = tokens.to(torch.int64).contiguous()
+        return Tokens(tokens, tokens.data_ptr(), int(tokens.shape[0]))
+    if not isinstance(tokens, np.ndarray):
+        try:
+            tokens = np.asarray(tokens)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{name} must be a 1-D sequence of integer token ids: {error}") from None
+    if tokens.ndim != 1:
+        raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
+    if tokens.size == 0:
+        tokens = np.zeros(0, dtype=np.int64)
+    kind = tokens.dtype.kind
+    if kind == "O":
+        # Python ints too large for int64 (or other objects) end up here.
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
+            raise TypeError(f"{name} must hold integer token ids")
+        raise IndexError(f"{name} holds a token id outside the int64 range")
+    if kind == "u" and tokens.size and int(tokens.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"{name} holds a token id outside the int64 range")
+    if kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+    return Tokens(tokens, tokens.ctypes.data, int(tokens.shape[0]))
+
+
+def token_range_error(tokens, bad_index, vocab, name="draft_tokens"):
+    value = int(tokens.keepalive[bad_index])
+    return IndexError(f"{name}[{bad_index}] = {value} is not a token id in [0, {vocab})")
+
+
+def uniforms_float64(uniforms, count, name="uniforms"):
+    """Validate explicit uniforms: ``count`` float64 values, each in [0, 1)."""
+    if is_tensor(uniforms):
+        uniforms = uniforms.detach().cpu().numpy()
+    u = np.asarray(uniforms)
+    if u.dtype.kind != "f":
+        raise TypeError(f"{name} must be floating point (float64), got dtype {u.dtype}")
+    if u.shape != (count,):
+        raise ValueError(f"{name} must have shape [{count}] (K + 1), got {_shape_text(u.shape)}")
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    if not (np.all(u >= 0.0) and np.all(u < 1.0)):  # also rejects NaN
+        raise ValueError(f"{name} must lie in [0, 1)")
+    return u
+
+
+def draw_uniforms(generator, count):
+    """``count`` float64 uniforms in [0, 1), drawn in one call from the caller's generator.
+
+    torch.Generator (or None: torch's default generator) -> ``torch.rand(count, dtype=float64)``;
+    numpy.random.Generator -> ``generator.random(count)``.
+    """
+    if isinstance(generator, np.random.Generator):
+        return generator.random(count)
+    torch = loaded_torch()
+    if generator is None:
+        if torch is None:
+            try:
+                import torch
+            except ImportError:
+                raise TypeError(
+                    "generator=None means torch's default generator, but torch is not installed; "
+                    "pass a numpy.random.Generator"
+                ) from None
+        return torch.rand(count, dtype=torch.float64).numpy()
+    if torch is not None and isinstance(generator, torch.Generator):
+        if generator.device.type != "cpu":
+            raise ValueError(f"generator must be a CPU generator, got device {generator.device}")
+        return torch.rand(count, dtype=torch.float64, generator=generator).numpy()
+    raise TypeError(
+        f"generator must be a torch.Generator, a numpy.random.Generator or None, got {type(generator).__name__}"
+    )
+
+
+def row_as_numpy(rows: FloatRows, i):
+    """Row i of validated rows as a float32 NumPy array (for error messages only)."""
+    x = rows.keepalive
+    row = x[i]
+    return row.numpy() if is_tensor(row) else np.asarray(row)
+
+
+def describe_bad_values(row, name, i, allow_negative=False):
+    """Message for a row the kernel flagged: names the first NaN, Inf or negative value."""
+    finite = np.isfinite(row)
+    if np.isnan(row).any():
+        j = int(np.flatnonzero(np.isnan(row))[0])
+        return f"{name}[{i}] contains NaN (first at column {j})"
+    if not finite.all():
+        j = int(np.flatnonzero(~finite)[0])
+        return f"{name}[{i}] contains {float(row[j])} (first at column {j})"
+    if not allow_negative:
+        negative = np.flatnonzero(row < 0)
+        if negative.size:
+            j = int(negative[0])
+            return f"{name}[{i}] contains a negative value {float(row[j])} at column {j}"
+    return f"{name}[{i}] contains an invalid value"

@@ -1,0 +1,505 @@
+# cython: language_level=3
+"""Compiled loops of specverify: pure functions of raw float32 rows and explicit uniforms.
+
+Everything here trusts its caller (``specverify.ops``): shapes, dtypes, strides and token ids are
+validated there before any pointer reaches this module, and the per-element checks (NaN, Inf,
+negative values) are folded into the single pass that reads each row.  Directives live in
+``setup.py`` (``SPECVERIFY_BOUNDSCHECK=1`` turns bounds checking back on for debugging).
+
+Summation order (fixed and explicit, so x86-64 and aarch64 agree bit for bit and
+``specverify.reference`` can reproduce it):
+
+- a row is cut into blocks of ``BLOCK = 256`` elements (the last one may be short);
+- inside a block, element ``j`` goes to lane ``j % 16``; each lane is a float64 accumulator
+  summed in increasing ``j``;
+- the 16 lanes are combined by a pairwise tree: ``h[l] = a[l] + a[l+8]``, ``g[l] = h[l] + h[l+4]``,
+  ``f[l] = g[l] + g[l+2]``, ``block = f[0] + f[1]``;
+- the row total is the left-to-right float64 sum of its block sums, starting from 0.0.
+
+No reassociation flags are used: the lanes are written out, so the compiler vectorizes them as
+they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+from libc.stdlib cimport malloc, free
+
+cdef enum:
+    LANES = 16
+    BLOCK = 256
+    STEPS = BLOCK // LANES
+
+# Status codes returned by the kernels.  Positive codes come with the offending row index.
+cdef enum:
+    OK = 0
+    BAD_TARGET_VALUES = 1     # NaN, Inf or a negative value in a target row
+    BAD_DRAFT_VALUES = 2      # the same in a draft row
+    ZERO_TARGET_MASS = 3
+    ZERO_DRAFT_MASS = 4
+    BAD_SCORES = 5            # verify_greedy: NaN or +Inf in a score row
+    NO_FINITE_SCORE = 6       # verify_greedy: a row that is -Inf everywhere
+    NO_MEMORY = 7
+
+STATUS_NAMES = {
+    BAD_TARGET_VALUES: "bad_target_values",
+    BAD_DRAFT_VALUES: "bad_draft_values",
+    ZERO_TARGET_MASS: "zero_target_mass",
+    ZERO_DRAFT_MASS: "zero_draft_mass",
+    BAD_SCORES: "bad_scores",
+    NO_FINITE_SCORE: "no_finite_score",
+    NO_MEMORY: "no_memory",
+}
+
+# Bit patterns: a float32 is non-negative and finite iff its bits, read as uint32, are below
+# FLOAT_INF_BITS.  -0.0 (NEGATIVE_ZERO_BITS) is allowed and mapped to 0 before the test.
+cdef extern from *:
+    """
+    #define SV_FLOAT_INF_BITS 0x7F800000u
+    #define SV_NEGATIVE_ZERO_BITS 0x80000000u
+    #define SV_ORDER_KEY_NEG_INF (-0x7F800000)
+    """
+    const uint32_t FLOAT_INF_BITS "SV_FLOAT_INF_BITS"
+    const uint32_t NEGATIVE_ZERO_BITS "SV_NEGATIVE_ZERO_BITS"
+    const int32_t ORDER_KEY_NEG_INF "SV_ORDER_KEY_NEG_INF"
+
+
+def block_size():
+    """Elements per summation block (see the module docstring)."""
+    return BLOCK
+
+
+def lane_count():
+    """float64 lanes per block (see the module docstring)."""
+    return LANES
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-row primitives.  Reused by every op; each reads its row(s) exactly once.
+# ---------------------------------------------------------------------------------------------
+
+cdef inline double _combine_lanes(const double* a) noexcept nogil:
+    """Pairwise tree over 16 lanes, in the documented order."""
+    cdef double h0 = a[0] + a[8], h1 = a[1] + a[9], h2 = a[2] + a[10], h3 = a[3] + a[11]
+    cdef double h4 = a[4] + a[12], h5 = a[5] + a[13], h6 = a[6] + a[14], h7 = a[7] + a[15]
+    cdef double g0 = h0 + h4, g1 = h1 + h5, g2 = h2 + h6, g3 = h3 + h7
+    return (g0 + g2) + (g1 + g3)
+
+
+cdef inline uint32_t _check_bits(uint32_t bits) noexcept nogil:
+    """Bits with -0.0 mapped to +0.0: a value is bad iff the result is >= FLOAT_INF_BITS."""
+    return bits ^ ((<uint32_t> (bits == NEGATIVE_ZERO_BITS)) << 31)  # branch-free: vectorizes
+
+
+cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
+                             uint32_t* max_bits) noexcept nogil:
+    """Mass of one row in the documented order; block sums written to ``block_sums``.
+
+    x: [n] float32.  block_sums: [ceil(n / BLOCK)] float64 (output).
+    max_bits: output, the largest check-bits of the row (>= FLOAT_INF_BITS means the row holds
+    NaN, Inf or a negative value).
+    """
+    cdef double acc[LANES]
+    cdef uint32_t bits_max[LANES]
+    cdef const uint32_t* xb = <const uint32_t*> x
+    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef double total = 0.0
+    cdef uint32_t m = 0
+    for l in range(LANES):
+        bits_max[l] = 0
+    start = 0
+    while start < n:
+        stop = start + BLOCK if start + BLOCK <= n else n
+        for l in range(LANES):
+            acc[l] = 0.0
+        if stop - start == BLOCK:
+            # hot loop: row mass (one row)
+            for s in range(STEPS):
+                for l in range(LANES):
+                    acc[l] += <double> x[start + s * LANES + l]
+                    bits_max[l] = max(bits_max[l], _check_bits(xb[start + s * LANES + l]))
+        else:
+            for j in range(start, stop):
+                l = (j - start) % LANES
+                acc[l] += <double> x[j]
+                bits_max[l] = max(bits_max[l], _check_bits(xb[j]))
+        block_sums[b] = _combine_lanes(acc)
+        total += block_sums[b]
+        b += 1
+        start = stop
+    for l in range(LANES):
+        m = max(m, bits_max[l])
+    max_bits[0] = m
+    return total
+
+
+cdef inline void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_block_sums,
+                              double* p_mass, double* q_mass, uint32_t* p_max_bits,
+                              uint32_t* q_max_bits) noexcept nogil:
+    """Masses of a target row and a draft row in one fused pass (same order as ``_row_mass``).
+
+    p, q: [n] float32.  p_block_sums: [ceil(n / BLOCK)] float64 (output, the target's).
+    """
+    cdef double acc_p[LANES]
+    cdef double acc_q[LANES]
+    cdef uint32_t bits_p[LANES]
+    cdef uint32_t bits_q[LANES]
+    cdef const uint32_t* pb = <const uint32_t*> p
+    cdef const uint32_t* qb = <const uint32_t*> q
+    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef double total_p = 0.0, total_q = 0.0
+    cdef uint32_t mp = 0, mq = 0
+    for l in range(LANES):
+        bits_p[l] = 0
+        bits_q[l] = 0
+    start = 0
+    while start < n:
+        stop = start + BLOCK if start + BLOCK <= n else n
+        for l in range(LANES):
+            acc_p[l] = 0.0
+            acc_q[l] = 0.0
+        if stop - start == BLOCK:
+            # hot loop: fused target/draft masses
+            for s in range(STEPS):
+                for l in range(LANES):
+                    acc_p[l] += <double> p[start + s * LANES + l]
+                    acc_q[l] += <double> q[start + s * LANES + l]
+                    bits_p[l] = max(bits_p[l], _check_bits(pb[start + s * LANES + l]))
+                    bits_q[l] = max(bits_q[l], _check_bits(qb[start + s * LANES + l]))
+        else:
+            for j in range(start, stop):
+                l = (j - start) % LANES
+                acc_p[l] += <double> p[j]
+                acc_q[l] += <double> q[j]
+                bits_p[l] = max(bits_p[l], _check_bits(pb[j]))
+                bits_q[l] = max(bits_q[l], _check_bits(qb[j]))
+        p_block_sums[b] = _combine_lanes(acc_p)
+        total_p += p_block_sums[b]
+        total_q += _combine_lanes(acc_q)
+        b += 1
+        start = stop
+    for l in range(LANES):
+        mp = max(mp, bits_p[l])
+        mq = max(mq, bits_q[l])
+    p_mass[0] = total_p
+    q_mass[0] = total_q
+    p_max_bits[0] = mp
+    q_max_bits[0] = mq
+
+
+cdef inline double _residual_weight(float p, float q, double p_mass, double q_mass) noexcept nogil:
+    """Unnormalized residual max(0, p/P - q/Q) * P * Q = max(0, p*Q - q*P), in float64."""
+    cdef double d = <double> p * q_mass - <double> q * p_mass
+    return d if d > 0.0 else 0.0
+
+
+cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
+                                        double p_mass, double q_mass,
+                                        double* block_sums) noexcept nogil:
+    """Block sums and total of the residual weights of one row pair (documented order)."""
+    cdef double acc[LANES]
+    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef double total = 0.0
+    start = 0
+    while start < n:
+        stop = start + BLOCK if start + BLOCK <= n else n
+        for l in range(LANES):
+            acc[l] = 0.0
+        if stop - start == BLOCK:
+            # hot loop: residual block sums
+            for s in range(STEPS):
+                for l in range(LANES):
+                    acc[l] += _residual_weight(p[start + s * LANES + l], q[start + s * LANES + l],
+                                               p_mass, q_mass)
+        else:
+            for j in range(start, stop):
+                acc[(j - start) % LANES] += _residual_weight(p[j], q[j], p_mass, q_mass)
+        block_sums[b] = _combine_lanes(acc)
+        total += block_sums[b]
+        b += 1
+        start = stop
+    return total
+
+
+cdef inline Py_ssize_t _pick_block(const double* block_sums, Py_ssize_t n_blocks, double target,
+                                   double* remainder) noexcept nogil:
+    """First block whose running sum (left to right, as for the total) exceeds ``target``.
+
+    Requires 0 <= target < total, so some block is found; ``remainder`` is target minus the sum
+    of the blocks before it.  Empty blocks are never picked.
+    """
+    cdef double cumulative = 0.0
+    cdef Py_ssize_t b
+    for b in range(n_blocks):
+        if cumulative + block_sums[b] > target:
+            remainder[0] = target - cumulative
+            return b
+        cumulative += block_sums[b]
+    # Unreachable when target < total; keep the last non-empty block as a guard.
+    for b in range(n_blocks - 1, -1, -1):
+        if block_sums[b] > 0.0:
+            remainder[0] = 0.0
+            return b
+    remainder[0] = 0.0
+    return 0
+
+
+cdef inline Py_ssize_t _scan_target_block(const float* p, Py_ssize_t start, Py_ssize_t stop,
+                                          double remainder, Py_ssize_t excluded) noexcept nogil:
+    """Inverse-CDF scan of one block with weights p[j] (p[excluded] counted as 0).
+
+    Returns the first j whose running sum exceeds ``remainder``; if rounding lets the running sum
+    fall short, the last j with positive weight (the block is known to have some).
+    """
+    cdef double cumulative = 0.0, w
+    cdef Py_ssize_t j, last = start
+    for j in range(start, stop):
+        w = <double> p[j]
+        if w > 0.0 and j != excluded:
+            cumulative += w
+            last = j
+            if cumulative > remainder:
+                return j
+    return last
+
+
+cdef inline Py_ssize_t _scan_residual_block(const float* p, const float* q, Py_ssize_t start,
+                                            Py_ssize_t stop, double p_mass, double q_mass,
+                                            double remainder) noexcept nogil:
+    """As ``_scan_target_block`` with the residual weights max(0, p*Q - q*P)."""
+    cdef double cumulative = 0.0, w
+    cdef Py_ssize_t j, last = start
+    for j in range(start, stop):
+        w = _residual_weight(p[j], q[j], p_mass, q_mass)
+        if w > 0.0:
+            cumulative += w
+            last = j
+            if cumulative > remainder:
+                return j
+    return last
+
+
+cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double* block_sums,
+                                      double mass, double u) noexcept nogil:
+    """Draw from p / mass with the uniform u, given the row's block sums."""
+    cdef double remainder
+    cdef Py_ssize_t b = _pick_block(block_sums, (n + BLOCK - 1) // BLOCK, u * mass, &remainder)
+    cdef Py_ssize_t start = b * BLOCK
+    return _scan_target_block(p, start, min(start + BLOCK, n), remainder, -1)
+
+
+cdef inline int32_t _order_key(uint32_t bits) noexcept nogil:
+    """float32 bits -> int32 with the same order as the floats (-0.0 and +0.0 both map to 0)."""
+    cdef int32_t sign = (<int32_t> bits) >> 31
+    cdef int32_t magnitude = <int32_t> (bits & 0x7FFFFFFFu)
+    return (magnitude ^ sign) - sign
+
+
+cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
+    """First index of the row's maximum (what torch.argmax / numpy.argmax return).
+
+    One pass computes each block's maximum order key (integer max vectorizes; float max would
+    need -ffinite-math-only, which would blind us to NaN) and the row's key range; then only the
+    winning block is scanned again.  status: OK, BAD_SCORES (NaN or +Inf) or NO_FINITE_SCORE.
+    """
+    cdef const uint32_t* xb = <const uint32_t*> x
+    cdef int32_t lane_max[LANES]
+    cdef int32_t lane_min[LANES]
+    cdef int32_t key, block_max, best_key = ORDER_KEY_NEG_INF - 1, row_min = 0x7FFFFFFF
+    cdef int32_t row_max = ORDER_KEY_NEG_INF - 1
+    cdef Py_ssize_t start, stop, j, l, s, best_start = 0
+    for l in range(LANES):
+        lane_min[l] = 0x7FFFFFFF
+    start = 0
+    while start < n:
+        stop = start + BLOCK if start + BLOCK <= n else n
+        for l in range(LANES):
+            lane_max[l] = -0x7FFFFFFF - 1
+        if stop - start == BLOCK:
+            # hot loop: blocked argmax
+            for s in range(STEPS):
+                for l in range(LANES):
+                    key = _order_key(xb[start + s * LANES + l])
+                    lane_max[l] = max(lane_max[l], key)
+                    lane_min[l] = min(lane_min[l], key)
+        else:
+            for j in range(start, stop):
+                l = (j - start) % LANES
+                key = _order_key(xb[j])
+                lane_max[l] = max(lane_max[l], key)
+                lane_min[l] = min(lane_min[l], key)
+        block_max = lane_max[0]
+        for l in range(1, LANES):
+            block_max = max(block_max, lane_max[l])
+        if block_max > best_key:
+            best_key = block_max
+            best_start = start
+        start = stop
+    for l in range(LANES):
+        row_min = min(row_min, lane_min[l])
+    # +Inf has key 0x7F800000, NaN keys lie beyond +-0x7F800000.
+    if best_key >= <int32_t> FLOAT_INF_BITS or row_min < ORDER_KEY_NEG_INF:
+        status[0] = BAD_SCORES
+        return -1
+    if best_key == ORDER_KEY_NEG_INF:
+        status[0] = NO_FINITE_SCORE
+        return -1
+    stop = best_start + BLOCK if best_start + BLOCK <= n else n
+    for j in range(best_start, stop):
+        if _order_key(xb[j]) == best_key:
+            status[0] = OK
+            return j
+    status[0] = OK
+    return best_start  # unreachable: the block holds its maximum
+
+
+cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssize_t stop,
+                                        Py_ssize_t excluded) noexcept nogil:
+    """One block's sum in the documented lane order with p[excluded] counted as 0."""
+    cdef double acc[LANES]
+    cdef Py_ssize_t j, l
+    for l in range(LANES):
+        acc[l] = 0.0
+    for j in range(start, stop):
+        if j != excluded:
+            acc[(j - start) % LANES] += <double> p[j]
+    return _combine_lanes(acc)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops.  Arguments are addresses of validated memory; rows are ``row_stride`` floats apart.
+# ---------------------------------------------------------------------------------------------
+
+cdef int _verify_greedy(const float* target, Py_ssize_t target_stride, const int64_t* tokens,
+                        Py_ssize_t k, Py_ssize_t v, Py_ssize_t* n_accepted,
+                        int64_t* next_token, Py_ssize_t* bad_row) noexcept nogil:
+    cdef Py_ssize_t i, best
+    cdef int status = OK
+    for i in range(k + 1):
+        best = _row_argmax(target + i * target_stride, v, &status)
+        if status != OK:
+            bad_row[0] = i
+            return status
+        if i == k or tokens[i] != best:
+            n_accepted[0] = i
+            next_token[0] = best
+            return OK
+    return OK
+
+
+cdef int _accept(const float* target, Py_ssize_t target_stride, const float* draft,
+                 Py_ssize_t draft_stride, const int64_t* tokens, Py_ssize_t k, Py_ssize_t v,
+                 const double* uniforms, Py_ssize_t* n_accepted, int64_t* next_token,
+                 Py_ssize_t* bad_row) noexcept nogil:
+    """Speculative sampling over validated rows; ``draft`` NULL means a point-mass draft."""
+    cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
+    cdef double* target_blocks = <double*> malloc(2 * n_blocks * sizeof(double))
+    cdef double* residual_blocks = target_blocks + n_blocks
+    cdef const float* p
+    cdef const float* q
+    cdef double p_mass, q_mass, residual_mass, remainder
+    cdef uint32_t p_bits = 0, q_bits = 0
+    cdef Py_ssize_t i, t, b, start, stop
+    cdef int status = OK
+    if target_blocks == NULL:
+        return NO_MEMORY
+    for i in range(k + 1):
+        p = target + i * target_stride
+        q = draft + i * draft_stride if draft != NULL and i < k else NULL
+        if q != NULL:
+            _pair_masses(p, q, v, target_blocks, &p_mass, &q_mass, &p_bits, &q_bits)
+        else:
+            p_mass = _row_mass(p, v, target_blocks, &p_bits)
+            q_mass = 1.0
+            q_bits = 0
+        bad_row[0] = i
+        if p_bits >= FLOAT_INF_BITS:
+            status = BAD_TARGET_VALUES
+        elif q_bits >= FLOAT_INF_BITS:
+            status = BAD_DRAFT_VALUES
+        elif not p_mass > 0.0:
+            status = ZERO_TARGET_MASS
+        elif not q_mass > 0.0:
+            status = ZERO_DRAFT_MASS
+        if status != OK:
+            break
+        if i == k:
+            # Every draft accepted: the bonus token comes from the last target row.
+            n_accepted[0] = k
+            next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
+            break
+        t = tokens[i]
+        if q != NULL:
+            # Accept iff u < (p_t / P) / (q_t / Q), written without division.
+            if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
+                continue
+            residual_mass = _residual_block_sums(p, q, v, p_mass, q_mass, residual_blocks)
+            n_accepted[0] = i
+            if residual_mass > 0.0:
+                b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+                start = b * BLOCK
+                next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
+                                                     p_mass, q_mass, remainder)
+            else:
+                # p <= q everywhere after rounding: p itself is the only sensible residual.
+                next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
+            break
+        # Point-mass draft: accept iff u < p_t / P; else draw from p without t.
+        if uniforms[i] * p_mass < <double> p[t]:
+            continue
+        n_accepted[0] = i
+        for b in range(n_blocks):
+            residual_blocks[b] = target_blocks[b]
+        b = t // BLOCK
+        residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
+        residual_mass = 0.0
+        for b in range(n_blocks):
+            residual_mass += residual_blocks[b]
+        if residual_mass > 0.0:
+            b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+            start = b * BLOCK
+            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, t)
+        else:
+            next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
+        break
+    free(target_blocks)
+    return status
+
+
+# ---------------------------------------------------------------------------------------------
+# Python entry points (called by specverify.ops after validation).
+# ---------------------------------------------------------------------------------------------
+
+def check_tokens(uintptr_t tokens_addr, Py_ssize_t k, Py_ssize_t v):
+    """Index of the first token outside [0, v), or -1."""
+    cdef const int64_t* tokens = <const int64_t*> tokens_addr
+    cdef Py_ssize_t i
+    for i in range(k):
+        if tokens[i] < 0 or tokens[i] >= v:
+            return i
+    return -1
+
+
+def verify_greedy(uintptr_t target_addr, Py_ssize_t target_stride, uintptr_t tokens_addr,
+                  Py_ssize_t k, Py_ssize_t v):
+    """-> (status, n_accepted, next_token, bad_row) over validated memory."""
+    cdef Py_ssize_t n_accepted = 0, bad_row = -1
+    cdef int64_t next_token = -1
+    cdef int status
+    with nogil:
+        status = _verify_greedy(<const float*> target_addr, target_stride,
+                                <const int64_t*> tokens_addr, k, v, &n_accepted, &next_token,
+                                &bad_row)
+    return status, n_accepted, next_token, bad_row
+
+
+def accept(uintptr_t target_addr, Py_ssize_t target_stride, uintptr_t draft_addr,
+           Py_ssize_t draft_stride, uintptr_t tokens_addr, Py_ssize_t k, Py_ssize_t v,
+           uintptr_t uniforms_addr):
+    """-> (status, n_accepted, next_token, bad_row); draft_addr 0 means a point-mass draft."""
+    cdef Py_ssize_t n_accepted = 0, bad_row = -1
+    cdef int64_t next_token = -1
+    cdef int status
+    with nogil:
+        status = _accept(<const float*> target_addr, target_stride, <const float*> draft_addr,
+                         draft_stride, <const int64_t*> tokens_addr, k, v,
+                         <const double*> uniforms_addr, &n_accepted, &next_token, &bad_row)
+    return status, n_accepted, next_token, bad_row

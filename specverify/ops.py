@@ -1,0 +1,169 @@
+"""The verification ops: validate once in Python, then one call into the compiled kernels.
+
+Terms (as in vLLM's rejection sampler): position ``i`` of a round holds the draft token ``t_i``;
+it is *accepted* or not; at the first rejection the *recovered* token is drawn from the residual;
+if all K drafts are accepted, a *bonus* token is drawn from the last target row.  The token a
+call returns as ``next_token`` is the recovered or bonus token: the *emitted* stream of a round is
+``draft_tokens[:n_accepted] + [next_token]``.
+"""
+
+from . import _inputs
+from . import _kernels
+
+__all__ = ["verify_greedy", "accept", "accept_from_uniforms"]
+
+_STATUS_OK = 0
+
+
+def verify_greedy(target_probs, draft_tokens):
+    """Greedy (temperature-0) verification.
+
+    Accept ``t_i = draft_tokens[i]`` while ``t_i == argmax(target_probs[i])``; at the first miss
+    return ``(i, argmax(target_probs[i]))``; if all K match return ``(K, argmax(target_probs[K]))``.
+    Ties break to the lowest index, as ``torch.argmax`` and ``numpy.argmax`` do; -0.0 equals 0.0.
+    Rows after the first miss are never read, so the emitted stream equals plain greedy decoding
+    of the target.
+
+    Args:
+        target_probs: ``[K+1, V]`` float scores: probabilities, logits, anything whose argmax is
+            meant (negative values and -inf, e.g. masked logits, are fine).  float32 is read in
+            place; float64/float16/bfloat16 are converted to float32 first (a copy).
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``; K = 0 is allowed.
+
+    Returns:
+        ``(n_accepted, next_token)`` as Python ints.
+
+    Raises:
+        TypeError: non-float scores or non-integer tokens.
+        ValueError: wrong rank/shape, empty vocabulary, a visited row holding NaN or +inf, or a
+            visited row that is -inf everywhere.
+        IndexError: a token outside ``[0, V)``.
+    """
+    tokens = _inputs.tokens_int64(draft_tokens)
+    k = tokens.count
+    target = _inputs.float_rows(target_probs, "target_probs", rows=k + 1)
+    bad = _kernels.check_tokens(tokens.address, k, target.cols)
+    if bad >= 0:
+        raise _inputs.token_range_error(tokens, bad, target.cols)
+    status, n_accepted, next_token, bad_row = _kernels.verify_greedy(
+        target.address, target.stride, tokens.address, k, target.cols
+    )
+    if status != _STATUS_OK:
+        _raise_kernel_status(status, bad_row, target, None)
+    return n_accepted, next_token
+
+
+def accept(target_probs, draft_probs, draft_tokens, generator=None):
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    With ``p_i = target_probs[i] / P_i`` and ``q_i = draft_probs[i] / Q_i`` (rows normalized by
+    their masses ``P_i``, ``Q_i``, summed in float64 in the order documented in
+    ``specverify._kernels``):
+
+    - accept ``t_i`` with probability ``min(1, p_i(t_i) / q_i(t_i))``, tested as
+      ``u_i * q_i(t_i) * P_i * Q_i < p_i(t_i) * P_i * Q_i`` (no division);
+    - at the first rejection, the recovered token is drawn from ``norm(max(0, p_i - q_i))``;
+    - if all K are accepted, the bonus token is drawn from ``p_K``.
+
+    The emitted tokens are then distributed exactly as the target's.  Edges, handled exactly:
+
+    - ``q_i(t_i) = 0`` (the draft proposed a token it gives no mass): the ratio is +inf, so
+      ``t_i`` is accepted iff ``p_i(t_i) > 0``.
+    - ``p_i(t_i) = 0``: never accepted, whatever ``u_i``.
+    - ``p == q`` (also at different scales, e.g. ``target = 2 * draft``): always accepted
+      (``u_i < 1``).
+    - a residual whose mass is 0 after rounding (``p_i <= q_i`` everywhere in float64): the
+      recovered token is drawn from ``p_i`` itself.
+    - ``draft_probs=None``: a deterministic draft (prompt lookup, n-gram) whose ``q_i`` is a point
+      mass on ``t_i``: accept with probability ``p_i(t_i)``; on rejection draw from ``p_i`` with
+      ``t_i`` removed and renormalized.  Exactly distribution preserving for any deterministic
+      draft.
+
+    Randomness: exactly ``K + 1`` float64 uniforms per call, drawn in one call before anything
+    else (``torch.rand(K + 1, dtype=torch.float64, generator=generator)``, or
+    ``generator.random(K + 1)`` for a ``numpy.random.Generator``): ``u[i]`` for the test at
+    position ``i`` (those after the first rejection go unused) and ``u[K]`` for the recovered or
+    bonus draw.  A fixed generator state therefore gives a fixed result, and the generator always
+    advances by the same amount.
+
+    Args:
+        target_probs: ``[K+1, V]`` non-negative float scores (need not be normalized).
+        draft_probs: ``[K, V]`` non-negative float scores from which ``draft_tokens`` were drawn,
+            warped exactly as the target was; or None for a deterministic draft.
+        draft_tokens: ``[K]`` integer token ids in ``[0, V)``.
+        generator: ``torch.Generator`` (CPU), ``numpy.random.Generator``, or None for torch's
+            default generator.
+
+    Returns:
+        ``(n_accepted, next_token)`` as Python ints.
+
+    Raises:
+        TypeError, ValueError, IndexError: as for ``verify_greedy``, plus NaN, Inf, negative
+        values or zero mass in any row that is read (message names the argument and row).
+    """
+    tokens, target, draft = _validate_accept(target_probs, draft_probs, draft_tokens)
+    uniforms = _inputs.draw_uniforms(generator, tokens.count + 1)
+    return _run_accept(target, draft, tokens, uniforms)
+
+
+def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
+    """``accept`` with its ``K + 1`` uniforms given explicitly (float64, each in ``[0, 1)``).
+
+    ``accept(t, d, k, g)`` equals ``accept_from_uniforms(t, d, k, u)`` when ``u`` holds the
+    draws ``accept`` documents; this is the entry the reference-agreement tests use.
+    """
+    tokens, target, draft = _validate_accept(target_probs, draft_probs, draft_tokens)
+    u = _inputs.uniforms_float64(uniforms, tokens.count + 1)
+    return _run_accept(target, draft, tokens, u)
+
+
+def _validate_accept(target_probs, draft_probs, draft_tokens):
+    tokens = _inputs.tokens_int64(draft_tokens)
+    k = tokens.count
+    target = _inputs.float_rows(target_probs, "target_probs", rows=k + 1)
+    draft = None
+    if draft_probs is not None:
+        draft = _inputs.float_rows(draft_probs, "draft_probs", rows=k, cols=target.cols)
+    bad = _kernels.check_tokens(tokens.address, k, target.cols)
+    if bad >= 0:
+        raise _inputs.token_range_error(tokens, bad, target.cols)
+    return tokens, target, draft
+
+
+def _run_accept(target, draft, tokens, uniforms):
+    """uniforms: [K+1] float64, contiguous, validated."""
+    status, n_accepted, next_token, bad_row = _kernels.accept(
+        target.address,
+        target.stride,
+        0 if draft is None else draft.address,
+        0 if draft is None else draft.stride,
+        tokens.address,
+        tokens.count,
+        target.cols,
+        uniforms.ctypes.data,
+    )
+    if status != _STATUS_OK:
+        _raise_kernel_status(status, bad_row, target, draft)
+    return n_accepted, next_token
+
+
+def _raise_kernel_status(status, row, target, draft):
+    name = _kernels.STATUS_NAMES.get(status, str(status))
+    if name == "bad_target_values":
+        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(target, row), "target_probs", row))
+    if name == "bad_draft_values":
+        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(draft, row), "draft_probs", row))
+    if name == "zero_target_mass":
+        raise ValueError(f"target_probs[{row}] has zero mass (all entries are 0)")
+    if name == "zero_draft_mass":
+        raise ValueError(f"draft_probs[{row}] has zero mass (all entries are 0)")
+    if name == "bad_scores":
+        raise ValueError(
+            _inputs.describe_bad_values(_inputs.row_as_numpy(target, row), "target_probs", row, allow_negative=True)
+        )
+    if name == "no_finite_score":
+        raise ValueError(f"target_probs[{row}] is -inf everywhere: it has no argmax")
+    if name == "no_memory":
+        raise MemoryError("specverify: could not allocate the kernel's scratch buffer")
+    raise RuntimeError(f"specverify kernel returned unknown status {status}")
+
