@@ -478,6 +478,20 @@ def check_tokens(uintptr_t tokens_addr, Py_ssize_t k, Py_ssize_t v):
     return -1
 
 
+def row_masses(uintptr_t rows_addr, Py_ssize_t row_stride, Py_ssize_t n_rows, Py_ssize_t v):
+    """Masses of validated rows in the documented order (for tests and cross-architecture checks)."""
+    cdef double* scratch = <double*> malloc(((v + BLOCK - 1) // BLOCK) * sizeof(double))
+    cdef uint32_t bits
+    cdef Py_ssize_t i
+    if scratch == NULL:
+        raise MemoryError()
+    try:
+        return [_row_mass(<const float*> rows_addr + i * row_stride, v, scratch, &bits)
+                for i in range(n_rows)]
+    finally:
+        free(scratch)
+
+
 def verify_greedy(uintptr_t target_addr, Py_ssize_t target_stride, uintptr_t tokens_addr,
                   Py_ssize_t k, Py_ssize_t v):
     """-> (status, n_accepted, next_token, bad_row) over validated memory."""
