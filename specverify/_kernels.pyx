@@ -27,6 +27,7 @@ cdef enum:
     LANES = 16
     BLOCK = 256
     STEPS = BLOCK // LANES
+    ARGMAX_BLOCK = 512  # argmax blocks: no summation order to keep, so larger (fewer reductions)
 
 # Status codes returned by the kernels.  Positive codes come with the offending row index.
 cdef enum:
@@ -50,7 +51,7 @@ STATUS_NAMES = {
 }
 
 # Bit patterns: a float32 is non-negative and finite iff its bits, read as uint32, are below
-# FLOAT_INF_BITS.  -0.0 (NEGATIVE_ZERO_BITS) is allowed and mapped to 0 before the test.
+# FLOAT_INF_BITS, or it is -0.0 (NEGATIVE_ZERO_BITS), which is allowed.
 cdef extern from *:
     """
     #define SV_FLOAT_INF_BITS 0x7F800000u
@@ -84,9 +85,18 @@ cdef inline double _combine_lanes(const double* a) noexcept nogil:
     return (g0 + g2) + (g1 + g3)
 
 
-cdef inline uint32_t _check_bits(uint32_t bits) noexcept nogil:
-    """Bits with -0.0 mapped to +0.0: a value is bad iff the result is >= FLOAT_INF_BITS."""
-    return bits ^ ((<uint32_t> (bits == NEGATIVE_ZERO_BITS)) << 31)  # branch-free: vectorizes
+cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
+    """True iff every element is finite and non-negative, -0.0 allowed.
+
+    Only called when a fused pass saw bits >= FLOAT_INF_BITS: that cheap test (one unsigned max
+    per element) also fires on -0.0 (0x80000000), which this slower scan lets through.
+    """
+    cdef const uint32_t* xb = <const uint32_t*> x
+    cdef Py_ssize_t j
+    for j in range(n):
+        if xb[j] >= FLOAT_INF_BITS and xb[j] != NEGATIVE_ZERO_BITS:
+            return False
+    return True
 
 
 cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
@@ -94,8 +104,8 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     """Mass of one row in the documented order; block sums written to ``block_sums``.
 
     x: [n] float32.  block_sums: [ceil(n / BLOCK)] float64 (output).
-    max_bits: output, the largest check-bits of the row (>= FLOAT_INF_BITS means the row holds
-    NaN, Inf or a negative value).
+    max_bits: output, the row's largest bit pattern read as uint32: below FLOAT_INF_BITS iff every
+    element is finite and non-negative, -0.0 excepted (see ``_all_valid``).
     """
     cdef double acc[LANES]
     cdef uint32_t bits_max[LANES]
@@ -115,12 +125,12 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
             for s in range(STEPS):
                 for l in range(LANES):
                     acc[l] += <double> x[start + s * LANES + l]
-                    bits_max[l] = max(bits_max[l], _check_bits(xb[start + s * LANES + l]))
+                    bits_max[l] = max(bits_max[l], xb[start + s * LANES + l])
         else:
             for j in range(start, stop):
                 l = (j - start) % LANES
                 acc[l] += <double> x[j]
-                bits_max[l] = max(bits_max[l], _check_bits(xb[j]))
+                bits_max[l] = max(bits_max[l], xb[j])
         block_sums[b] = _combine_lanes(acc)
         total += block_sums[b]
         b += 1
@@ -162,15 +172,15 @@ cdef inline void _pair_masses(const float* p, const float* q, Py_ssize_t n, doub
                 for l in range(LANES):
                     acc_p[l] += <double> p[start + s * LANES + l]
                     acc_q[l] += <double> q[start + s * LANES + l]
-                    bits_p[l] = max(bits_p[l], _check_bits(pb[start + s * LANES + l]))
-                    bits_q[l] = max(bits_q[l], _check_bits(qb[start + s * LANES + l]))
+                    bits_p[l] = max(bits_p[l], pb[start + s * LANES + l])
+                    bits_q[l] = max(bits_q[l], qb[start + s * LANES + l])
         else:
             for j in range(start, stop):
                 l = (j - start) % LANES
                 acc_p[l] += <double> p[j]
                 acc_q[l] += <double> q[j]
-                bits_p[l] = max(bits_p[l], _check_bits(pb[j]))
-                bits_q[l] = max(bits_q[l], _check_bits(qb[j]))
+                bits_p[l] = max(bits_p[l], pb[j])
+                bits_q[l] = max(bits_q[l], qb[j])
         p_block_sums[b] = _combine_lanes(acc_p)
         total_p += p_block_sums[b]
         total_q += _combine_lanes(acc_q)
@@ -287,7 +297,7 @@ cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double
 
 
 cdef inline int32_t _order_key(uint32_t bits) noexcept nogil:
-    """float32 bits -> int32 with the same order as the floats (-0.0 and +0.0 both map to 0)."""
+    """float32 bits -> int32 with the order of the (non-NaN) floats; -0.0 and +0.0 both map to 0."""
     cdef int32_t sign = (<int32_t> bits) >> 31
     cdef int32_t magnitude = <int32_t> (bits & 0x7FFFFFFFu)
     return (magnitude ^ sign) - sign
@@ -296,58 +306,37 @@ cdef inline int32_t _order_key(uint32_t bits) noexcept nogil:
 cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
     """First index of the row's maximum (what torch.argmax / numpy.argmax return).
 
-    One pass computes each block's maximum order key (integer max vectorizes; float max would
-    need -ffinite-math-only, which would blind us to NaN) and the row's key range; then only the
-    winning block is scanned again.  status: OK, BAD_SCORES (NaN or +Inf) or NO_FINITE_SCORE.
+    One pass computes each block's maximum order key and the row's largest magnitude (integer
+    max reductions vectorize as they stand; a float max would need -ffinite-math-only, which
+    would blind us to NaN); then only the winning block is scanned again.  status: OK, BAD_SCORES (NaN or +Inf) or NO_FINITE_SCORE.
     """
     cdef const uint32_t* xb = <const uint32_t*> x
-    cdef int32_t lane_max[LANES]
-    cdef int32_t lane_min[LANES]
-    cdef int32_t key, block_max, best_key = ORDER_KEY_NEG_INF - 1, row_min = 0x7FFFFFFF
-    cdef int32_t row_max = ORDER_KEY_NEG_INF - 1
-    cdef Py_ssize_t start, stop, j, l, s, best_start = 0
-    for l in range(LANES):
-        lane_min[l] = 0x7FFFFFFF
+    cdef int32_t block_max, best_key = -0x7FFFFFFF - 1, magnitude_max = 0
+    cdef Py_ssize_t start, stop, j, best_start = 0
     start = 0
     while start < n:
-        stop = start + BLOCK if start + BLOCK <= n else n
-        for l in range(LANES):
-            lane_max[l] = -0x7FFFFFFF - 1
-        if stop - start == BLOCK:
-            # hot loop: blocked argmax
-            for s in range(STEPS):
-                for l in range(LANES):
-                    key = _order_key(xb[start + s * LANES + l])
-                    lane_max[l] = max(lane_max[l], key)
-                    lane_min[l] = min(lane_min[l], key)
-        else:
-            for j in range(start, stop):
-                l = (j - start) % LANES
-                key = _order_key(xb[j])
-                lane_max[l] = max(lane_max[l], key)
-                lane_min[l] = min(lane_min[l], key)
-        block_max = lane_max[0]
-        for l in range(1, LANES):
-            block_max = max(block_max, lane_max[l])
+        stop = start + ARGMAX_BLOCK if start + ARGMAX_BLOCK <= n else n
+        block_max = -0x7FFFFFFF - 1
+        # hot loop: blocked argmax
+        for j in range(start, stop):
+            block_max = max(block_max, _order_key(xb[j]))
+            magnitude_max = max(magnitude_max, <int32_t> (xb[j] & 0x7FFFFFFFu))
         if block_max > best_key:
             best_key = block_max
             best_start = start
         start = stop
-    for l in range(LANES):
-        row_min = min(row_min, lane_min[l])
-    # +Inf has key 0x7F800000, NaN keys lie beyond +-0x7F800000.
-    if best_key >= <int32_t> FLOAT_INF_BITS or row_min < ORDER_KEY_NEG_INF:
+    # NaN magnitudes lie above +Inf's (0x7F800000); +Inf itself is the largest non-NaN key.
+    if magnitude_max > <int32_t> FLOAT_INF_BITS or best_key == <int32_t> FLOAT_INF_BITS:
         status[0] = BAD_SCORES
         return -1
     if best_key == ORDER_KEY_NEG_INF:
         status[0] = NO_FINITE_SCORE
         return -1
-    stop = best_start + BLOCK if best_start + BLOCK <= n else n
+    status[0] = OK
+    stop = best_start + ARGMAX_BLOCK if best_start + ARGMAX_BLOCK <= n else n
     for j in range(best_start, stop):
         if _order_key(xb[j]) == best_key:
-            status[0] = OK
             return j
-    status[0] = OK
     return best_start  # unreachable: the block holds its maximum
 
 
@@ -411,9 +400,9 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             q_mass = 1.0
             q_bits = 0
         bad_row[0] = i
-        if p_bits >= FLOAT_INF_BITS:
+        if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES
-        elif q_bits >= FLOAT_INF_BITS:
+        elif q_bits >= FLOAT_INF_BITS and not _all_valid(q, v):
             status = BAD_DRAFT_VALUES
         elif not p_mass > 0.0:
             status = ZERO_TARGET_MASS

@@ -1,0 +1,72 @@
+"""Redraw every figure the README shows, from cached results only.
+
+``python -m experiments.figures`` reads the results of the default hero run
+(``python -m experiments.convergence``) and of the default sweep (``python -m experiments.sweep``)
+and writes ``media/hero.gif``, ``media/hero.png`` and ``media/sweep.png``. Nothing is computed
+here: a missing result is reported with the command that produces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import paths
+
+
+def hero(results_root=None, out_dir=None, frames: int = 60) -> dict:
+    """``media/hero.gif`` + ``media/hero.png`` from the default convergence run's results."""
+    from . import convergence
+
+    params = convergence.make_params()
+    directory = paths.result_dir(convergence.EXPERIMENT, params, results_root)
+    if not (directory / "summary.json").exists():
+        raise FileNotFoundError(f"no cached hero results in {directory}; run `python -m experiments.convergence`")
+    return convergence.render(directory, Path(out_dir or paths.MEDIA_DIR), frames=frames)
+
+
+def sweep_figure(directory: Path, out_dir=None, name: str = paths.SWEEP_PNG) -> Path:
+    """``media/sweep.png`` (three panels) from a sweep results directory."""
+    from . import plots, sweep
+
+    table, summary = sweep.load(directory)
+    fig = plots.sweep_figure(table, summary["test"]["ks_p"], summary["test"]["alpha"])
+    path = Path(out_dir or paths.MEDIA_DIR) / name
+    plots.save_figure(fig, path)
+    return path
+
+
+def default_sweep_dir(results_root=None) -> Path:
+    from . import sweep
+
+    sweep_params = {"grid": {k: list(v) for k, v in sweep.GRID.items()}, "rounds": sweep.ROUNDS,
+                    "seed": sweep.SEED, "family": None, "temperature": sweep.synthetic.TEMPERATURE,
+                    "greedy": False, "variant": "correct"}
+    return Path(results_root or paths.RESULTS_DIR) / sweep.EXPERIMENT / paths.params_key(sweep.EXPERIMENT, sweep_params)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.figures", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=paths.RESULTS_DIR)
+    ap.add_argument("--out", type=Path, default=paths.MEDIA_DIR)
+    ap.add_argument("--sweep-dir", type=Path, default=None, help="a sweep results directory (default: the default grid's)")
+    args = ap.parse_args(argv)
+    missing = 0
+    try:
+        h = hero(args.results, args.out)
+        print(f"wrote {h['gif']} ({h['gif_bytes'] / 1024:.0f} KiB) and {h['png']}")
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        missing += 1
+    d = args.sweep_dir or default_sweep_dir(args.results)
+    if (d / "summary.json").exists():
+        print(f"wrote {sweep_figure(d, args.out)}")
+    else:
+        print(f"no cached sweep results in {d}; run `python -m experiments.sweep`", file=sys.stderr)
+        missing += 1
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""The draft/verify loop of speculative decoding, with per-run statistics.
+
+A round of speculative decoding (Leviathan, Kalman & Matias 2023; Chen et al. 2023):
+
+1. the *draft* proposes ``k`` tokens ``t_0 .. t_{k-1}`` after the current sequence;
+2. the *target* scores all of them in one pass, returning ``k + 1`` next-token rows, row ``i``
+   for the position after ``prefix + t[:i]``;
+3. the verifier (:func:`specverify.verify_greedy` or :func:`specverify.accept`) keeps an
+   *accepted* prefix ``t[:n]`` and emits one more token: the *recovered* (residual) token at
+   the first rejection, or the *bonus* token drawn from row ``k`` when all ``k`` were accepted.
+
+Every round therefore *emits* ``n + 1`` tokens. Greedy verification reproduces plain greedy
+decoding of the target token for token; speculative sampling preserves the target's joint law
+over whole sequences, provided the draft's ``probs`` are the distributions its tokens were
+actually drawn from, warped (temperature, top-k, ...) exactly as the target's rows are.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .ops import accept, verify_greedy
+
+__all__ = ["SpeculativeDecoder", "DecodeStats"]
+
+DraftStep = Callable[[torch.Tensor, int], Tuple[Sequence[int], Optional[object]]]
+TargetStep = Callable[[torch.Tensor, torch.Tensor], object]
+
+
+@dataclass
+class DecodeStats:
+    """Statistics of one :meth:`SpeculativeDecoder.generate` call.
+
+    Per-round lists have one entry per verification round, in order. Times are wall-clock
+    seconds spent inside the draft callback, the target callback and the verification op.
+    """
+
+    k: int
+    drafted: list = field(default_factory=list)  # tokens proposed by the draft, per round
+    accepted: list = field(default_factory=list)  # accepted draft tokens n, per round
+    emitted: list = field(default_factory=list)  # tokens appended to the output, per round
+    draft_time: float = 0.0
+    target_time: float = 0.0
+    verify_time: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def accepted_histogram(self) -> np.ndarray:
+        """Counts of accepted lengths ``n = 0 .. k`` over the rounds, shape ``[k + 1]``.
+
+        Rounds that proposed fewer than ``k`` tokens (near ``max_new``) are included; see
+        :attr:`full_rounds_histogram` for rounds of exactly ``k`` proposals only.
+        """
+        return np.bincount(np.asarray(self.accepted, dtype=np.int64), minlength=self.k + 1)
+
+    @property
+    def full_rounds_histogram(self) -> np.ndarray:
+        """Accepted-length counts over rounds that proposed all ``k`` tokens, shape ``[k + 1]``."""
+        acc = np.asarray(self.accepted, dtype=np.int64)
+        full = np.asarray(self.drafted, dtype=np.int64) == self.k
+        return np.bincount(acc[full], minlength=self.k + 1)
+
+    @property
+    def acceptance_per_round(self) -> np.ndarray:
+        """Fraction of proposed tokens accepted in each round (NaN where nothing was proposed)."""
+        acc = np.asarray(self.accepted, dtype=np.float64)
+        dr = np.asarray(self.drafted, dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(dr > 0, acc / np.where(dr > 0, dr, 1.0), np.nan)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over proposed draft tokens, pooled over all rounds."""
+        total = sum(self.drafted)
+        return float(sum(self.accepted) / total) if total else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean number of tokens emitted per round (target calls per token is its inverse)."""
+        return float(np.mean(self.emitted)) if self.emitted else float("nan")
+
+    @property
+    def mean_accepted(self) -> float:
+        return float(np.mean(self.accepted)) if self.accepted else float("nan")
+
+    def summary(self) -> dict:
+        """A flat dict of the headline numbers, for logging or a results table."""
+        return {
+            "k": self.k,
+            "rounds": self.rounds,
+            "tokens": int(sum(self.emitted)),
+            "mean_accepted": self.mean_accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_round": self.tokens_per_round,
+            "draft_time_s": self.draft_time,
+            "target_time_s": self.target_time,
+            "verify_time_s": self.verify_time,
+        }
+
+
+class SpeculativeDecoder:
+    """Drive draft/verify rounds until ``max_new`` tokens are emitted.
+
+    Parameters
+    ----------
+    draft_step : callable ``(prefix, k) -> (tokens, probs)``
+        ``prefix`` is the whole sequence so far, a 1-D int64 tensor (do not modify it).
+        Returns ``tokens`` ``[k]`` (ints) and ``probs`` ``[k, V]``: row ``i`` is the
+        distribution ``tokens[i]`` was drawn from. ``probs`` may be ``None`` in greedy mode;
+        in sampling mode ``None`` means a deterministic (point-mass) draft.
+    target_step : callable ``(prefix, proposed) -> target_probs``
+        ``proposed`` is a 1-D int64 tensor of ``m`` draft tokens (``0 <= m <= k``); returns
+        ``[m + 1, V]`` rows, row ``i`` scoring the position after ``prefix + proposed[:i]``.
+        Only the argmax of each row is read in greedy mode. Rows need not be normalized.
+    k : int
+        Draft tokens proposed per round (fewer in the last rounds, see :meth:`generate`).
+    greedy : bool
+        ``True``: :func:`specverify.verify_greedy`. ``False``: :func:`specverify.accept`
+        (speculative sampling).
+    generator : torch.Generator or numpy.random.Generator, optional
+        Source of the verification uniforms in sampling mode (``None``: torch's default
+        generator). The draft's own sampling randomness belongs to ``draft_step``.
+    eos_token_id : int, optional
+        Stop right after this token is emitted.
+
+    After :meth:`generate`, :attr:`stats` (a :class:`DecodeStats`) holds the run's rounds,
+    accepted-length histogram, per-round acceptance, tokens per round and timings.
+    """
+
+    def __init__(
+        self,
+        draft_step: DraftStep,
+        target_step: TargetStep,
+        k: int = 4,
+        greedy: bool = True,
+        generator=None,
+        eos_token_id: Optional[int] = None,
+    ):
+        if not callable(draft_step) or not callable(target_step):
+            raise TypeError("draft_step and target_step must be callables")
+        if int(k) != k or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self.draft_step = draft_step
+        self.target_step = target_step
+        self.k = int(k)
+        self.greedy = bool(greedy)
+        self.generator = generator
+        self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.stats = DecodeStats(k=self.k)
+
+    # -- verification (the only place the ops are called; subclasses may override) --------
+    def _verify(self, target_probs, draft_probs, tokens: torch.Tensor) -> Tuple[int, int]:
+        # target_probs [m+1, V], draft_probs [m, V] or None, tokens [m]
+        if self.greedy:
+            return verify_greedy(target_probs, tokens)
+        return accept(target_probs, draft_probs, tokens, generator=self.generator)
+
+    def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
+        """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
+        return tokens[:n_accepted].tolist() + [next_token]
+
+    # -- the loop ------------------------------------------------------------------------
+    def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
+        """Return the prompt followed by ``max_new`` new tokens (fewer only at ``eos``).
+
+        A round proposes ``min(k, remaining - 1)`` draft tokens, so that its ``n + 1``
+        emitted tokens never exceed what is still wanted: the draft is never asked for a
+        token that could not be used and no verified token is discarded. With one token
+        left the round is a plain target step (no draft call, ``m = 0``).
+        """
+        prompt = torch.as_tensor(prompt_ids).reshape(-1).to(torch.int64)
+        if int(max_new) != max_new or max_new < 0:
+            raise ValueError(f"max_new must be a non-negative integer, got {max_new!r}")
+        max_new = int(max_new)
+        n0 = prompt.numel()
+        buf = torch.empty(n0 + max_new, dtype=torch.int64)  # positions < n are never rewritten
+        buf[:n0] = prompt
+        n = n0
+        stats = self.stats = DecodeStats(k=self.k)
+        clock = time.perf_counter
+
+        while n - n0 < max_new:
+            remaining = max_new - (n - n0)
+            m = min(self.k, remaining - 1)
+            prefix = buf[:n]
+            draft_probs = None
+            if m > 0:
+                t0 = clock()
+                tokens, draft_probs = self.draft_step(prefix, m)  # [m], [m, V] or None
+                stats.draft_time += clock() - t0
+                tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
+                if tokens.numel() != m:
+                    raise ValueError(f"draft_step returned {tokens.numel()} tokens, expected {m}")
+            else:
+                tokens = torch.empty(0, dtype=torch.int64)
+
+            t0 = clock()
+            target_probs = self.target_step(prefix, tokens)  # [m+1, V]
+            stats.target_time += clock() - t0
+            if tuple(target_probs.shape[:1]) != (m + 1,):
+                raise ValueError(
+                    f"target_step returned {tuple(target_probs.shape)} rows, expected [{m + 1}, V]"
+                )
+            if draft_probs is not None and m > 0 and tuple(draft_probs.shape[:1]) != (m,):
+                raise ValueError(f"draft probs have shape {tuple(draft_probs.shape)}, expected [{m}, V]")
+
+            t0 = clock()
+            n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
+            stats.verify_time += clock() - t0
+
+            new = self._emitted(tokens, int(n_acc), int(next_token))
+            if self.eos_token_id is not None and self.eos_token_id in new:
+                new = new[: new.index(self.eos_token_id) + 1]
+            buf[n : n + len(new)] = torch.as_tensor(new, dtype=torch.int64)
+            n += len(new)
+            stats.drafted.append(m)
+            stats.accepted.append(int(n_acc))
+            stats.emitted.append(len(new))
+            if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
+                break
+        return buf[:n].clone()
