@@ -1,33 +1,18 @@
-"""Validation and conversion of op arguments: done once, in Python, before any kernel runs.
+"""Validation and conversion of op arguments, for everything off the kernels' fast path.
 
-Every check raises an exception whose message names the argument (and the row, where there is
-one).  What reaches ``specverify._kernels`` is an address of float32 rows with unit inner stride,
-an address of int64 tokens already checked to lie in ``[0, V)``, and float64 uniforms in
-``[0, 1)``.  torch is never imported here: a tensor can only exist if the caller imported torch.
+``specverify._kernels`` reads the common case directly (float32 rows with unit inner stride,
+contiguous int64 tokens, float64 uniforms); anything else comes here, where every check raises
+an exception whose message names the argument (and the row, where there is one), and what is
+valid is converted into that common case.  Per-element checks (NaN, Inf, negative values, zero
+mass) happen inside the kernels' single pass; ``raise_kernel_status`` words what they found.
+torch is never imported here unless asked to draw from its default generator: a tensor can only
+exist if the caller imported torch.
 """
 
 import sys
-from typing import NamedTuple
-
 import numpy as np
 
 FLOAT32_BYTES = 4
-
-
-class FloatRows(NamedTuple):
-    """A validated ``[rows, cols]`` float32 matrix: the kernel reads ``address + i * stride``."""
-
-    keepalive: object  # the array or tensor that owns the memory (float32, unit inner stride)
-    address: int
-    rows: int
-    cols: int
-    stride: int  # elements between consecutive rows
-
-
-class Tokens(NamedTuple):
-    keepalive: object  # int64 array or tensor, contiguous
-    address: int
-    count: int
 
 
 def loaded_torch():
@@ -45,7 +30,7 @@ def _shape_text(shape):
 
 
 def float_rows(x, name, *, rows=None, cols=None):
-    """Validate a 2-D float matrix and return it as float32 rows with unit inner stride.
+    """Validate a 2-D float matrix; return it as float32 rows with unit inner stride.
 
     float32 is used as is (no copy unless the inner stride is not 1); float64, float16 and
     bfloat16 are converted to float32 (a copy); integer, boolean and complex dtypes raise
@@ -65,7 +50,7 @@ def float_rows(x, name, *, rows=None, cols=None):
             x = x.to(torch.float32)
         if x.shape[1] > 1 and x.stride(1) != 1:
             x = x.contiguous()
-        shape, stride, address = x.shape, x.stride(0), x.data_ptr()
+        shape = x.shape
     else:
         if not isinstance(x, np.ndarray):
             try:
@@ -81,7 +66,7 @@ def float_rows(x, name, *, rows=None, cols=None):
             x = x.astype(np.float32)
         if (x.shape[1] > 1 and x.strides[1] != FLOAT32_BYTES) or x.strides[0] % FLOAT32_BYTES:
             x = np.ascontiguousarray(x)
-        shape, stride, address = x.shape, x.strides[0] // FLOAT32_BYTES, x.ctypes.data
+        shape = x.shape
     n_rows, n_cols = int(shape[0]), int(shape[1])
     if n_cols == 0:
         raise ValueError(f"{name} has an empty vocabulary (shape {_shape_text(shape)})")
@@ -89,13 +74,13 @@ def float_rows(x, name, *, rows=None, cols=None):
         raise ValueError(f"{name} must have {rows} rows, got shape {_shape_text(shape)}")
     if cols is not None and n_cols != cols:
         raise ValueError(f"{name} must have V = {cols} columns like target_probs, got shape {_shape_text(shape)}")
-    return FloatRows(x, address, n_rows, n_cols, stride)
+    return x
 
 
 def tokens_int64(tokens, name="draft_tokens"):
-    """Validate a 1-D sequence of integer token ids and return them as contiguous int64.
+    """Validate a 1-D sequence of integer token ids; return them as contiguous int64.
 
-    Range against the vocabulary is checked by the caller (``check_token_range``).
+    The range against the vocabulary is checked by the kernel module before any use.
     """
     if is_tensor(tokens):
         torch = loaded_torch()
@@ -107,7 +92,7 @@ def tokens_int64(tokens, name="draft_tokens"):
             raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
         if tokens.dtype != torch.int64 or not tokens.is_contiguous():
             tokens = tokens.to(torch.int64).contiguous()
-        return Tokens(tokens, tokens.data_ptr(), int(tokens.shape[0]))
+        return tokens
     if not isinstance(tokens, np.ndarray):
         try:
             tokens = np.asarray(tokens)
@@ -127,13 +112,7 @@ def tokens_int64(tokens, name="draft_tokens"):
         raise IndexError(f"{name} holds a token id outside the int64 range")
     if kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
-    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
-    return Tokens(tokens, tokens.ctypes.data, int(tokens.shape[0]))
-
-
-def token_range_error(tokens, bad_index, vocab, name="draft_tokens"):
-    value = int(tokens.keepalive[bad_index])
-    return IndexError(f"{name}[{bad_index}] = {value} is not a token id in [0, {vocab})")
+    return np.ascontiguousarray(tokens, dtype=np.int64)
 
 
 def uniforms_float64(uniforms, count, name="uniforms"):
@@ -179,10 +158,9 @@ def draw_uniforms(generator, count):
     )
 
 
-def row_as_numpy(rows: FloatRows, i):
-    """Row i of validated rows as a float32 NumPy array (for error messages only)."""
-    x = rows.keepalive
-    row = x[i]
+def row_as_numpy(rows, i):
+    """Row i of validated float32 rows (ndarray or tensor) as a NumPy array (error messages)."""
+    row = rows[i]
     return row.numpy() if is_tensor(row) else np.asarray(row)
 
 
@@ -201,3 +179,25 @@ def describe_bad_values(row, name, i, allow_negative=False):
             j = int(negative[0])
             return f"{name}[{i}] contains a negative value {float(row[j])} at column {j}"
     return f"{name}[{i}] contains an invalid value"
+
+
+def raise_kernel_status(status, row, target, draft):
+    """Turn a kernel's status into the exception that names the argument and row.
+
+    status: the kernel's status name; target/draft: the validated float32 rows it read.
+    """
+    if status == "bad_target_values":
+        raise ValueError(describe_bad_values(row_as_numpy(target, row), "target_probs", row))
+    if status == "bad_draft_values":
+        raise ValueError(describe_bad_values(row_as_numpy(draft, row), "draft_probs", row))
+    if status == "zero_target_mass":
+        raise ValueError(f"target_probs[{row}] has zero mass (all entries are 0)")
+    if status == "zero_draft_mass":
+        raise ValueError(f"draft_probs[{row}] has zero mass (all entries are 0)")
+    if status == "bad_scores":
+        raise ValueError(describe_bad_values(row_as_numpy(target, row), "target_probs", row, allow_negative=True))
+    if status == "no_finite_score":
+        raise ValueError(f"target_probs[{row}] is -inf everywhere: it has no argmax")
+    if status == "no_memory":
+        raise MemoryError("specverify: could not allocate the kernel's scratch buffer")
+    raise RuntimeError(f"specverify kernel returned unknown status {status}")

@@ -20,8 +20,16 @@ No reassociation flags are used: the lanes are written out, so the compiler vect
 they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
 """
 
+from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
+from libc.string cimport memset, strcmp
+
+import sys
+
+import numpy as np
+
+from . import _inputs
 
 cdef enum:
     LANES = 16
@@ -99,96 +107,72 @@ cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
     return True
 
 
-cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
-                             uint32_t* max_bits) noexcept nogil:
+cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
+    """Sum of x[0:n], n <= BLOCK, in the documented lane order (float64 lanes, pairwise tree)."""
+    cdef double acc[LANES]
+    cdef Py_ssize_t j, l, s
+    for l in range(LANES):
+        acc[l] = 0.0
+    if n == BLOCK:
+        # hot loop: block sum
+        for s in range(STEPS):
+            for l in range(LANES):
+                acc[l] += <double> x[s * LANES + l]
+    else:
+        for j in range(n):
+            acc[j % LANES] += <double> x[j]
+    return _combine_lanes(acc)
+
+
+cdef inline uint32_t _max_bits(const uint32_t* xb, Py_ssize_t n, uint32_t m) noexcept nogil:
+    """max(m, largest bit pattern of x[0:n] read as uint32): the cheap half of validation."""
+    cdef Py_ssize_t j
+    # hot loop: validation (a plain integer max reduction vectorizes as it stands)
+    for j in range(n):
+        m = max(m, xb[j])
+    return m
+
+
+cdef double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
+                      uint32_t* max_bits) noexcept nogil:
     """Mass of one row in the documented order; block sums written to ``block_sums``.
 
     x: [n] float32.  block_sums: [ceil(n / BLOCK)] float64 (output).
     max_bits: output, the row's largest bit pattern read as uint32: below FLOAT_INF_BITS iff every
     element is finite and non-negative, -0.0 excepted (see ``_all_valid``).
     """
-    cdef double acc[LANES]
-    cdef uint32_t bits_max[LANES]
-    cdef const uint32_t* xb = <const uint32_t*> x
-    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef Py_ssize_t start, width, b
     cdef double total = 0.0
     cdef uint32_t m = 0
-    for l in range(LANES):
-        bits_max[l] = 0
-    start = 0
-    while start < n:
-        stop = start + BLOCK if start + BLOCK <= n else n
-        for l in range(LANES):
-            acc[l] = 0.0
-        if stop - start == BLOCK:
-            # hot loop: row mass (one row)
-            for s in range(STEPS):
-                for l in range(LANES):
-                    acc[l] += <double> x[start + s * LANES + l]
-                    bits_max[l] = max(bits_max[l], xb[start + s * LANES + l])
-        else:
-            for j in range(start, stop):
-                l = (j - start) % LANES
-                acc[l] += <double> x[j]
-                bits_max[l] = max(bits_max[l], xb[j])
-        block_sums[b] = _combine_lanes(acc)
+    for b in range((n + BLOCK - 1) // BLOCK):
+        start = b * BLOCK
+        width = min(BLOCK, n - start)
+        block_sums[b] = _block_sum(x + start, width)
+        m = _max_bits(<const uint32_t*> x + start, width, m)  # the block is in L1 now
         total += block_sums[b]
-        b += 1
-        start = stop
-    for l in range(LANES):
-        m = max(m, bits_max[l])
     max_bits[0] = m
     return total
 
 
-cdef inline void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_block_sums,
-                              double* p_mass, double* q_mass, uint32_t* p_max_bits,
-                              uint32_t* q_max_bits) noexcept nogil:
-    """Masses of a target row and a draft row in one fused pass (same order as ``_row_mass``).
+cdef void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_block_sums,
+                       double* p_mass, double* q_mass, uint32_t* p_max_bits,
+                       uint32_t* q_max_bits) noexcept nogil:
+    """Masses of a target row and a draft row in one pass over both, block by block.
 
     p, q: [n] float32.  p_block_sums: [ceil(n / BLOCK)] float64 (output, the target's).
+    Same order and outputs as ``_row_mass`` for each row.
     """
-    cdef double acc_p[LANES]
-    cdef double acc_q[LANES]
-    cdef uint32_t bits_p[LANES]
-    cdef uint32_t bits_q[LANES]
-    cdef const uint32_t* pb = <const uint32_t*> p
-    cdef const uint32_t* qb = <const uint32_t*> q
-    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef Py_ssize_t start, width, b
     cdef double total_p = 0.0, total_q = 0.0
     cdef uint32_t mp = 0, mq = 0
-    for l in range(LANES):
-        bits_p[l] = 0
-        bits_q[l] = 0
-    start = 0
-    while start < n:
-        stop = start + BLOCK if start + BLOCK <= n else n
-        for l in range(LANES):
-            acc_p[l] = 0.0
-            acc_q[l] = 0.0
-        if stop - start == BLOCK:
-            # hot loop: fused target/draft masses
-            for s in range(STEPS):
-                for l in range(LANES):
-                    acc_p[l] += <double> p[start + s * LANES + l]
-                    acc_q[l] += <double> q[start + s * LANES + l]
-                    bits_p[l] = max(bits_p[l], pb[start + s * LANES + l])
-                    bits_q[l] = max(bits_q[l], qb[start + s * LANES + l])
-        else:
-            for j in range(start, stop):
-                l = (j - start) % LANES
-                acc_p[l] += <double> p[j]
-                acc_q[l] += <double> q[j]
-                bits_p[l] = max(bits_p[l], pb[j])
-                bits_q[l] = max(bits_q[l], qb[j])
-        p_block_sums[b] = _combine_lanes(acc_p)
+    for b in range((n + BLOCK - 1) // BLOCK):
+        start = b * BLOCK
+        width = min(BLOCK, n - start)
+        p_block_sums[b] = _block_sum(p + start, width)
         total_p += p_block_sums[b]
-        total_q += _combine_lanes(acc_q)
-        b += 1
-        start = stop
-    for l in range(LANES):
-        mp = max(mp, bits_p[l])
-        mq = max(mq, bits_q[l])
+        total_q += _block_sum(q + start, width)
+        mp = _max_bits(<const uint32_t*> p + start, width, mp)
+        mq = _max_bits(<const uint32_t*> q + start, width, mq)
     p_mass[0] = total_p
     q_mass[0] = total_q
     p_max_bits[0] = mp
@@ -201,9 +185,9 @@ cdef inline double _residual_weight(float p, float q, double p_mass, double q_ma
     return d if d > 0.0 else 0.0
 
 
-cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
-                                        double p_mass, double q_mass,
-                                        double* block_sums) noexcept nogil:
+cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
+                                 double p_mass, double q_mass,
+                                 double* block_sums) noexcept nogil:
     """Block sums and total of the residual weights of one row pair (documented order)."""
     cdef double acc[LANES]
     cdef Py_ssize_t start, stop, j, l, s, b = 0
@@ -303,7 +287,7 @@ cdef inline int32_t _order_key(uint32_t bits) noexcept nogil:
     return (magnitude ^ sign) - sign
 
 
-cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
+cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
     """First index of the row's maximum (what torch.argmax / numpy.argmax return).
 
     One pass computes each block's maximum order key and the row's largest magnitude (integer
@@ -454,55 +438,228 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
 
 
 # ---------------------------------------------------------------------------------------------
-# Python entry points (called by specverify.ops after validation).
+# Entry points.  The common case (float32 ndarray or CPU tensor with unit inner stride, int64
+# tokens, a numpy or torch generator) is recognized here in a few attribute reads; everything
+# else goes through specverify._inputs, which validates with messages that name the argument
+# and converts, and whose result then takes the same road.  One mechanism, no copy unless needed.
 # ---------------------------------------------------------------------------------------------
 
-def check_tokens(uintptr_t tokens_addr, Py_ssize_t k, Py_ssize_t v):
-    """Index of the first token outside [0, v), or -1."""
-    cdef const int64_t* tokens = <const int64_t*> tokens_addr
+cdef struct Rows:
+    const char* data
+    Py_ssize_t rows
+    Py_ssize_t cols
+    Py_ssize_t stride  # elements between rows
+
+
+cdef object _ndarray = np.ndarray
+cdef object _numpy_generator = np.random.Generator
+cdef object _tensor = None  # torch.Tensor, torch.float32, ... once the caller has imported torch
+cdef object _torch_float32 = None
+cdef object _torch_int64 = None
+cdef object _torch_float64 = None
+cdef object _torch_generator = None
+cdef object _torch_rand = None
+
+
+cdef inline bint _torch_seen():
+    """Cache torch's types once the caller has imported torch (we never import it here)."""
+    global _tensor, _torch_float32, _torch_int64, _torch_float64, _torch_generator, _torch_rand
+    if _tensor is not None:
+        return True
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return False
+    _torch_float32, _torch_int64, _torch_float64 = torch.float32, torch.int64, torch.float64
+    _torch_generator, _torch_rand = torch.Generator, torch.rand
+    _tensor = torch.Tensor
+    return True
+
+
+cdef class _Held:
+    """Buffers acquired for one call, released when the call ends."""
+    cdef Py_buffer views[8]  # 4 arguments, each possibly tried once before conversion
+    cdef int count
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(self.count):
+            PyBuffer_Release(&self.views[i])
+
+
+cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
+    """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor with unit inner stride."""
+    cdef Py_buffer* view
+    if type(x) is _ndarray and held.count < 8:
+        view = &held.views[held.count]
+        if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
+            return False
+        held.count += 1
+        if (view.ndim != 2 or view.format == NULL or strcmp(view.format, b"f") != 0
+                or (view.shape[1] > 1 and view.strides[1] != 4) or view.strides[0] % 4 != 0):
+            return False
+        out.data, out.rows, out.cols = <const char*> view.buf, view.shape[0], view.shape[1]
+        out.stride = view.strides[0] // 4
+        return True
+    if _tensor is not None and type(x) is _tensor:
+        if x.dtype is not _torch_float32 or not x.is_cpu or x.dim() != 2:
+            return False
+        shape, strides = x.shape, x.stride()
+        if shape[1] > 1 and strides[1] != 1:
+            return False
+        out.data = <const char*> <uintptr_t> x.data_ptr()
+        out.rows, out.cols, out.stride = shape[0], shape[1], strides[0]
+        return True
+    return False
+
+
+cdef object _rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, Rows* out, _Held held):
+    """Validated float32 rows of x (converted by _inputs when needed); returns what owns them."""
+    if _read_rows(x, out, held) and out.cols > 0 and out.rows == rows and (cols < 0 or out.cols == cols):
+        return x
+    x = _inputs.float_rows(x, name, rows=rows, cols=None if cols < 0 else cols)
+    if not _read_rows(x, out, held):
+        raise AssertionError(f"{name}: conversion produced an unreadable array")
+    return x
+
+
+cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** data, Py_ssize_t* n,
+                       _Held held) except -1:
+    """1-D contiguous ndarray or CPU tensor of int64 (kind 'i') or float64 (kind 'f')."""
+    cdef Py_buffer* view
+    if type(x) is _ndarray and held.count < 8:
+        view = &held.views[held.count]
+        if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
+            return False
+        held.count += 1
+        if view.ndim != 1 or view.itemsize != itemsize or view.format == NULL:
+            return False
+        if (view.shape[0] > 1 and view.strides[0] != itemsize):
+            return False
+        if kind == b'i' and not (strcmp(view.format, b"l") == 0 or strcmp(view.format, b"q") == 0):
+            return False
+        if kind == b'f' and strcmp(view.format, b"d") != 0:
+            return False
+        data[0], n[0] = <const char*> view.buf, view.shape[0]
+        return True
+    if _tensor is not None and type(x) is _tensor:
+        if (x.dtype is not (_torch_int64 if kind == b'i' else _torch_float64) or not x.is_cpu
+                or x.dim() != 1 or not x.is_contiguous()):
+            return False
+        data[0], n[0] = <const char*> <uintptr_t> x.data_ptr(), x.shape[0]
+        return True
+    return False
+
+
+cdef object _tokens(object x, const int64_t** data, Py_ssize_t* k, _Held held):
+    cdef const char* raw
+    if not _read_vector(x, b'i', 8, &raw, k, held):
+        x = _inputs.tokens_int64(x)
+        if not _read_vector(x, b'i', 8, &raw, k, held):
+            raise AssertionError("draft_tokens: conversion produced an unreadable array")
+    data[0] = <const int64_t*> raw
+    return x
+
+
+cdef int _check_token_range(object tokens, const int64_t* data, Py_ssize_t k, Py_ssize_t v) except -1:
     cdef Py_ssize_t i
     for i in range(k):
-        if tokens[i] < 0 or tokens[i] >= v:
-            return i
-    return -1
+        if data[i] < 0 or data[i] >= v:
+            raise IndexError(f"draft_tokens[{i}] = {data[i]} is not a token id in [0, {v})")
+    return 0
 
 
-def row_masses(uintptr_t rows_addr, Py_ssize_t row_stride, Py_ssize_t n_rows, Py_ssize_t v):
-    """Masses of validated rows in the documented order (for tests and cross-architecture checks)."""
-    cdef double* scratch = <double*> malloc(((v + BLOCK - 1) // BLOCK) * sizeof(double))
+cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const double** data,
+                      _Held held):
+    """The call's K + 1 uniforms: drawn from the generator in one call, or given explicitly."""
+    cdef const char* raw
+    cdef Py_ssize_t n, i
+    cdef const double* u
+    if uniforms is None:
+        if type(generator) is _numpy_generator:
+            uniforms = generator.random(count)
+        elif _torch_seen() and (generator is None or type(generator) is _torch_generator):
+            try:
+                uniforms = _torch_rand(count, dtype=_torch_float64, generator=generator)
+            except RuntimeError:  # e.g. a CUDA generator: let _inputs name the problem
+                uniforms = _inputs.draw_uniforms(generator, count)
+        else:
+            uniforms = _inputs.draw_uniforms(generator, count)  # raises the right TypeError
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
+            raise AssertionError("generator produced unreadable uniforms")
+        data[0] = <const double*> raw
+        return uniforms
+    if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != count:
+        uniforms = _inputs.uniforms_float64(uniforms, count)
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
+            raise AssertionError("uniforms: conversion produced an unreadable array")
+    u = <const double*> raw
+    for i in range(count):
+        if not (0.0 <= u[i] < 1.0):  # also catches NaN
+            raise ValueError("uniforms must lie in [0, 1)")
+    data[0] = u
+    return uniforms
+
+
+def verify_greedy(target_probs, draft_tokens):
+    """See specverify.verify_greedy."""
+    cdef _Held held = _Held()
+    cdef Rows target
+    cdef const int64_t* tokens
+    cdef Py_ssize_t k, n_accepted = 0, bad_row = -1
+    cdef int64_t next_token = -1
+    cdef int status
+    _torch_seen()
+    draft_tokens = _tokens(draft_tokens, &tokens, &k, held)
+    target_probs = _rows(target_probs, "target_probs", k + 1, -1, &target, held)
+    _check_token_range(draft_tokens, tokens, k, target.cols)
+    with nogil:
+        status = _verify_greedy(<const float*> target.data, target.stride, tokens, k, target.cols,
+                                &n_accepted, &next_token, &bad_row)
+    if status != OK:
+        _inputs.raise_kernel_status(STATUS_NAMES[status], bad_row, target_probs, None)
+    return n_accepted, next_token
+
+
+def accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
+    """See specverify.accept / specverify.accept_from_uniforms (uniforms given: no generator)."""
+    cdef _Held held = _Held()
+    cdef Rows target, draft
+    cdef const int64_t* tokens
+    cdef const double* u
+    cdef Py_ssize_t k, n_accepted = 0, bad_row = -1
+    cdef int64_t next_token = -1
+    cdef int status
+    _torch_seen()
+    draft_tokens = _tokens(draft_tokens, &tokens, &k, held)
+    target_probs = _rows(target_probs, "target_probs", k + 1, -1, &target, held)
+    if draft_probs is not None:
+        draft_probs = _rows(draft_probs, "draft_probs", k, target.cols, &draft, held)
+    else:
+        draft.data, draft.stride = NULL, 0
+    _check_token_range(draft_tokens, tokens, k, target.cols)
+    uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
+    with nogil:
+        status = _accept(<const float*> target.data, target.stride, <const float*> draft.data,
+                         draft.stride, tokens, k, target.cols, u, &n_accepted, &next_token,
+                         &bad_row)
+    if status != OK:
+        _inputs.raise_kernel_status(STATUS_NAMES[status], bad_row, target_probs, draft_probs)
+    return n_accepted, next_token
+
+
+def row_masses(rows):
+    """Masses of a float32 [rows, V] matrix in the documented order (tests, cross-arch checks)."""
+    cdef _Held held = _Held()
+    cdef Rows m
     cdef uint32_t bits
     cdef Py_ssize_t i
+    rows = _inputs.float_rows(rows, "rows")
+    _read_rows(rows, &m, held)
+    cdef double* scratch = <double*> malloc(((m.cols + BLOCK - 1) // BLOCK) * sizeof(double))
     if scratch == NULL:
         raise MemoryError()
     try:
-        return [_row_mass(<const float*> rows_addr + i * row_stride, v, scratch, &bits)
-                for i in range(n_rows)]
+        return [_row_mass(<const float*> m.data + i * m.stride, m.cols, scratch, &bits)
+                for i in range(m.rows)]
     finally:
         free(scratch)
-
-
-def verify_greedy(uintptr_t target_addr, Py_ssize_t target_stride, uintptr_t tokens_addr,
-                  Py_ssize_t k, Py_ssize_t v):
-    """-> (status, n_accepted, next_token, bad_row) over validated memory."""
-    cdef Py_ssize_t n_accepted = 0, bad_row = -1
-    cdef int64_t next_token = -1
-    cdef int status
-    with nogil:
-        status = _verify_greedy(<const float*> target_addr, target_stride,
-                                <const int64_t*> tokens_addr, k, v, &n_accepted, &next_token,
-                                &bad_row)
-    return status, n_accepted, next_token, bad_row
-
-
-def accept(uintptr_t target_addr, Py_ssize_t target_stride, uintptr_t draft_addr,
-           Py_ssize_t draft_stride, uintptr_t tokens_addr, Py_ssize_t k, Py_ssize_t v,
-           uintptr_t uniforms_addr):
-    """-> (status, n_accepted, next_token, bad_row); draft_addr 0 means a point-mass draft."""
-    cdef Py_ssize_t n_accepted = 0, bad_row = -1
-    cdef int64_t next_token = -1
-    cdef int status
-    with nogil:
-        status = _accept(<const float*> target_addr, target_stride, <const float*> draft_addr,
-                         draft_stride, <const int64_t*> tokens_addr, k, v,
-                         <const double*> uniforms_addr, &n_accepted, &next_token, &bad_row)
-    return status, n_accepted, next_token, bad_row

@@ -7,12 +7,9 @@ call returns as ``next_token`` is the recovered or bonus token: the *emitted* st
 ``draft_tokens[:n_accepted] + [next_token]``.
 """
 
-from . import _inputs
 from . import _kernels
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms"]
-
-_STATUS_OK = 0
 
 
 def verify_greedy(target_probs, draft_tokens):
@@ -39,18 +36,7 @@ def verify_greedy(target_probs, draft_tokens):
             visited row that is -inf everywhere.
         IndexError: a token outside ``[0, V)``.
     """
-    tokens = _inputs.tokens_int64(draft_tokens)
-    k = tokens.count
-    target = _inputs.float_rows(target_probs, "target_probs", rows=k + 1)
-    bad = _kernels.check_tokens(tokens.address, k, target.cols)
-    if bad >= 0:
-        raise _inputs.token_range_error(tokens, bad, target.cols)
-    status, n_accepted, next_token, bad_row = _kernels.verify_greedy(
-        target.address, target.stride, tokens.address, k, target.cols
-    )
-    if status != _STATUS_OK:
-        _raise_kernel_status(status, bad_row, target, None)
-    return n_accepted, next_token
+    return _kernels.verify_greedy(target_probs, draft_tokens)
 
 
 def accept(target_probs, draft_probs, draft_tokens, generator=None):
@@ -101,9 +87,7 @@ def accept(target_probs, draft_probs, draft_tokens, generator=None):
         TypeError, ValueError, IndexError: as for ``verify_greedy``, plus NaN, Inf, negative
         values or zero mass in any row that is read (message names the argument and row).
     """
-    tokens, target, draft = _validate_accept(target_probs, draft_probs, draft_tokens)
-    uniforms = _inputs.draw_uniforms(generator, tokens.count + 1)
-    return _run_accept(target, draft, tokens, uniforms)
+    return _kernels.accept(target_probs, draft_probs, draft_tokens, generator)
 
 
 def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
@@ -112,58 +96,7 @@ def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
     ``accept(t, d, k, g)`` equals ``accept_from_uniforms(t, d, k, u)`` when ``u`` holds the
     draws ``accept`` documents; this is the entry the reference-agreement tests use.
     """
-    tokens, target, draft = _validate_accept(target_probs, draft_probs, draft_tokens)
-    u = _inputs.uniforms_float64(uniforms, tokens.count + 1)
-    return _run_accept(target, draft, tokens, u)
-
-
-def _validate_accept(target_probs, draft_probs, draft_tokens):
-    tokens = _inputs.tokens_int64(draft_tokens)
-    k = tokens.count
-    target = _inputs.float_rows(target_probs, "target_probs", rows=k + 1)
-    draft = None
-    if draft_probs is not None:
-        draft = _inputs.float_rows(draft_probs, "draft_probs", rows=k, cols=target.cols)
-    bad = _kernels.check_tokens(tokens.address, k, target.cols)
-    if bad >= 0:
-        raise _inputs.token_range_error(tokens, bad, target.cols)
-    return tokens, target, draft
-
-
-def _run_accept(target, draft, tokens, uniforms):
-    """uniforms: [K+1] float64, contiguous, validated."""
-    status, n_accepted, next_token, bad_row = _kernels.accept(
-        target.address,
-        target.stride,
-        0 if draft is None else draft.address,
-        0 if draft is None else draft.stride,
-        tokens.address,
-        tokens.count,
-        target.cols,
-        uniforms.ctypes.data,
-    )
-    if status != _STATUS_OK:
-        _raise_kernel_status(status, bad_row, target, draft)
-    return n_accepted, next_token
-
-
-def _raise_kernel_status(status, row, target, draft):
-    name = _kernels.STATUS_NAMES.get(status, str(status))
-    if name == "bad_target_values":
-        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(target, row), "target_probs", row))
-    if name == "bad_draft_values":
-        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(draft, row), "draft_probs", row))
-    if name == "zero_target_mass":
-        raise ValueError(f"target_probs[{row}] has zero mass (all entries are 0)")
-    if name == "zero_draft_mass":
-        raise ValueError(f"draft_probs[{row}] has zero mass (all entries are 0)")
-    if name == "bad_scores":
-        raise ValueError(
-            _inputs.describe_bad_values(_inputs.row_as_numpy(target, row), "target_probs", row, allow_negative=True)
-        )
-    if name == "no_finite_score":
-        raise ValueError(f"target_probs[{row}] is -inf everywhere: it has no argmax")
-    if name == "no_memory":
-        raise MemoryError("specverify: could not allocate the kernel's scratch buffer")
-    raise RuntimeError(f"specverify kernel returned unknown status {status}")
+    if uniforms is None:
+        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    return _kernels.accept(target_probs, draft_probs, draft_tokens, None, uniforms)
 
