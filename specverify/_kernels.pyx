@@ -64,11 +64,11 @@ cdef extern from *:
     """
     #define SV_FLOAT_INF_BITS 0x7F800000u
     #define SV_NEGATIVE_ZERO_BITS 0x80000000u
-    #define SV_ORDER_KEY_NEG_INF (-0x7F800000)
+    #define SV_NEGATIVE_INF_BITS 0xFF800000u
     """
     const uint32_t FLOAT_INF_BITS "SV_FLOAT_INF_BITS"
     const uint32_t NEGATIVE_ZERO_BITS "SV_NEGATIVE_ZERO_BITS"
-    const int32_t ORDER_KEY_NEG_INF "SV_ORDER_KEY_NEG_INF"
+    const uint32_t NEGATIVE_INF_BITS "SV_NEGATIVE_INF_BITS"
 
 
 def block_size():
@@ -86,11 +86,15 @@ def lane_count():
 # ---------------------------------------------------------------------------------------------
 
 cdef inline double _combine_lanes(const double* a) noexcept nogil:
-    """Pairwise tree over 16 lanes, in the documented order."""
-    cdef double h0 = a[0] + a[8], h1 = a[1] + a[9], h2 = a[2] + a[10], h3 = a[3] + a[11]
-    cdef double h4 = a[4] + a[12], h5 = a[5] + a[13], h6 = a[6] + a[14], h7 = a[7] + a[15]
-    cdef double g0 = h0 + h4, g1 = h1 + h5, g2 = h2 + h6, g3 = h3 + h7
-    return (g0 + g2) + (g1 + g3)
+    """Pairwise tree over 16 lanes, in the documented order (written as loops so it vectorizes)."""
+    cdef double h[8]
+    cdef double g[4]
+    cdef Py_ssize_t l
+    for l in range(8):
+        h[l] = a[l] + a[l + 8]
+    for l in range(4):
+        g[l] = h[l] + h[l + 4]
+    return (g[0] + g[2]) + (g[1] + g[3])
 
 
 cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
@@ -280,48 +284,61 @@ cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double
     return _scan_target_block(p, start, min(start + BLOCK, n), remainder, -1)
 
 
-cdef inline int32_t _order_key(uint32_t bits) noexcept nogil:
-    """float32 bits -> int32 with the order of the (non-NaN) floats; -0.0 and +0.0 both map to 0."""
-    cdef int32_t sign = (<int32_t> bits) >> 31
-    cdef int32_t magnitude = <int32_t> (bits & 0x7FFFFFFFu)
-    return (magnitude ^ sign) - sign
+cdef Py_ssize_t _first_zero(const float* x, Py_ssize_t n) noexcept nogil:
+    """First j with x[j] == 0.0 (so -0.0 too): the argmax when the row's maximum is zero."""
+    cdef Py_ssize_t j
+    for j in range(n):
+        if x[j] == 0.0:
+            return j
+    return 0
 
 
 cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
-    """First index of the row's maximum (what torch.argmax / numpy.argmax return).
+    """First index of the row's maximum (what torch.argmax / numpy.argmax return; -0.0 == 0.0).
 
-    One pass computes each block's maximum order key and the row's largest magnitude (integer
-    max reductions vectorize as they stand; a float max would need -ffinite-math-only, which
-    would blind us to NaN); then only the winning block is scanned again.  status: OK, BAD_SCORES (NaN or +Inf) or NO_FINITE_SCORE.
+    Reads the bits: as int32, non-negative floats are ordered like their values, and negative
+    floats by increasing magnitude (so the largest negative value has the smallest int32).  One
+    pass takes three integer reductions per block (signed max, signed min, unsigned max): they
+    vectorize as they stand, where a float max would need -ffinite-math-only and so be blind to
+    NaN.  Only the winning block is read again.  status: OK, BAD_SCORES (NaN or +Inf) or
+    NO_FINITE_SCORE (-Inf everywhere).
     """
-    cdef const uint32_t* xb = <const uint32_t*> x
-    cdef int32_t block_max, best_key = -0x7FFFFFFF - 1, magnitude_max = 0
-    cdef Py_ssize_t start, stop, j, best_start = 0
-    start = 0
-    while start < n:
-        stop = start + ARGMAX_BLOCK if start + ARGMAX_BLOCK <= n else n
-        block_max = -0x7FFFFFFF - 1
+    cdef const int32_t* xi = <const int32_t*> x
+    cdef const uint32_t* xu = <const uint32_t*> x
+    cdef int32_t hi, lo, best_hi = -0x7FFFFFFF - 1, best_lo = 0x7FFFFFFF, wanted
+    cdef uint32_t unsigned_max = 0
+    cdef Py_ssize_t b, start, stop, j, hi_start = 0, lo_start = 0, best_start
+    for b in range((n + ARGMAX_BLOCK - 1) // ARGMAX_BLOCK):
+        start = b * ARGMAX_BLOCK
+        stop = min(start + ARGMAX_BLOCK, n)
+        hi, lo = -0x7FFFFFFF - 1, 0x7FFFFFFF
         # hot loop: blocked argmax
         for j in range(start, stop):
-            block_max = max(block_max, _order_key(xb[j]))
-            magnitude_max = max(magnitude_max, <int32_t> (xb[j] & 0x7FFFFFFFu))
-        if block_max > best_key:
-            best_key = block_max
-            best_start = start
-        start = stop
-    # NaN magnitudes lie above +Inf's (0x7F800000); +Inf itself is the largest non-NaN key.
-    if magnitude_max > <int32_t> FLOAT_INF_BITS or best_key == <int32_t> FLOAT_INF_BITS:
+            hi = max(hi, xi[j])
+            lo = min(lo, xi[j])
+            unsigned_max = max(unsigned_max, xu[j])
+        if hi > best_hi:
+            best_hi, hi_start = hi, start
+        if lo < best_lo:
+            best_lo, lo_start = lo, start
+    # +Inf is 0x7F800000 and positive NaNs lie above it; negative NaNs lie above -Inf (0xFF800000).
+    if best_hi >= <int32_t> FLOAT_INF_BITS or unsigned_max > NEGATIVE_INF_BITS:
         status[0] = BAD_SCORES
         return -1
-    if best_key == ORDER_KEY_NEG_INF:
+    status[0] = OK
+    if best_hi > 0:  # a positive maximum
+        wanted, best_start = best_hi, hi_start
+    elif best_hi == 0 or best_lo == <int32_t> NEGATIVE_ZERO_BITS:  # the maximum is zero
+        return _first_zero(x, n)
+    elif best_lo == <int32_t> NEGATIVE_INF_BITS:
         status[0] = NO_FINITE_SCORE
         return -1
-    status[0] = OK
-    stop = best_start + ARGMAX_BLOCK if best_start + ARGMAX_BLOCK <= n else n
-    for j in range(best_start, stop):
-        if _order_key(xb[j]) == best_key:
+    else:  # every value negative: the maximum has the smallest magnitude
+        wanted, best_start = best_lo, lo_start
+    for j in range(best_start, min(best_start + ARGMAX_BLOCK, n)):
+        if xi[j] == wanted:
             return j
-    return best_start  # unreachable: the block holds its maximum
+    return best_start  # unreachable: the block holds its extreme
 
 
 cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssize_t stop,

@@ -1,0 +1,755 @@
+"""Benchmark of the verification ops: specverify against pure torch, NumPy and the memory-read floor.
+
+    python -m experiments.bench            # full run, a few minutes
+    python -m experiments.bench --quick    # smoke run (CI): tiny budget, small cold pool
+    python -m experiments.bench --plot-only
+
+Sweep (declared as data below): sizes (V, K) x op {verify_greedy, accept} x input {realistic, worst}
+x cache {warm, cold}, each timed for every implementation in the same process, single thread,
+round-robin so that changes in machine load hit all implementations alike.
+
+- realistic: softmax(4 * N(0, 1)) target rows; draft rows softmax of the target logits plus Gaussian
+  noise scaled so that the per-position acceptance sum_v min(p, q) is about 0.68. Greedy draft tokens
+  equal the target argmax with probability 0.68; sampled draft tokens are drawn from the draft rows
+  with random uniforms. A pool of such rounds is cycled, so a timing sample averages over the law's
+  mix of accepted lengths (the mean is reported as n_acc).
+- worst: every row the op can read is read. Greedy: all K accepted (K+1 argmaxes). accept: rejection
+  at the last position (target and draft rows 0..K-1 read, then the residual), forced by explicit
+  uniforms (u_i = 0 before, 1 - 2^-53 at a token with q > p).
+- warm: the same rows every call (realistic cycles tokens/uniforms over them).
+- cold: rounds laid end to end over a row pool larger than 2 x (last-level cache + all L2): each round
+  starts at the row after the previous round's last read row, so one pass over the rounds reads
+  every row exactly once, and the rounds are called in a fixed shuffled order; every call reads its
+  rows from DRAM.
+
+Implementations: ``specverify`` (``verify_greedy`` and ``accept_from_uniforms`` on torch tensors),
+``torch`` and ``numpy`` (experiments/bench_impls.py), and ``floor`` = bytes the op must read /
+single-thread read bandwidth measured in this run for that read size and cache state (see
+``bench_impls.ReadProbe``). Every call is timed on its own (time.perf_counter_ns, GC off, the
+timer's own overhead subtracted); passes over the pool of rounds repeat until the time budget is
+spent; per round the min and the median over passes are taken, and the reported min and median
+are their means over the pool's rounds (the cost of the realistic mix, robust to preemption).
+
+Outputs (paths below): CSV of every measurement, markdown tables (results + media/bench.md for the
+README), meta JSON (machine, versions, load, settings), and media/bench.png drawn from the CSV only.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Single thread everywhere, before NumPy/torch load their thread pools.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse
+import csv
+import datetime
+import gc
+import json
+import math
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import bench_impls as bi
+
+# ---------------------------------------------------------------------------------------------
+# Paths and the sweep, as data
+# ---------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "results" / "bench"
+MEDIA_DIR = ROOT / "media"
+CSV_NAME, OVERHEAD_CSV_NAME = "bench.csv", "overhead.csv"
+MD_NAME, META_NAME, PNG_NAME = "bench.md", "meta.json", "bench.png"
+
+SIZES = ((32000, 4), (128256, 5), (4096, 8))   # (V, K): the seed's published rows + a small one
+OPS = ("verify_greedy", "accept")
+CASES = ("realistic", "worst")
+CACHES = ("warm", "cold")
+IMPLS = ("specverify", "torch", "numpy")
+OVERHEAD_V, OVERHEAD_K = 8, 4
+
+FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000,
+            realistic_pool=32, probe_reps=15, probe_budget_s=0.4, probe_min_total=8 << 20,
+            overhead_budget_s=1.0)
+QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000,
+             realistic_pool=8, probe_reps=3, probe_budget_s=0.02, probe_min_total=1 << 20,
+             overhead_budget_s=0.05, cold_bytes=4 << 20)
+
+CSV_FIELDS = ("V", "K", "op", "case", "cache", "impl", "rounds", "n_accepted_mean", "bytes_mean", "min_us",
+              "median_us", "passes", "calls", "speedup_vs_torch", "speedup_vs_numpy",
+              "ratio_to_floor_min", "ratio_to_floor_median", "floor_method")
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine description
+# ---------------------------------------------------------------------------------------------
+
+def _run(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=20, cwd=ROOT).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpuinfo():
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping", "flags", "Features",
+                       "CPU part", "CPU implementer") and key not in info:
+                info[key] = value.strip()
+    except OSError:
+        pass
+    return info
+
+
+def _uarch_hint(cpu):
+    """', Zen 4'-style hint for AMD families whose model ranges are public (a VM may hide the
+    brand string, e.g. plain 'AMD EPYC'); '' otherwise."""
+    if "AMD" not in cpu.get("model name", ""):
+        return ""
+    try:
+        family, model = int(cpu["cpu family"]), int(cpu["model"])
+    except (KeyError, ValueError):
+        return ""
+    if family == 25:
+        return ", Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF \
+            else ", Zen 3"
+    return {23: ", Zen/Zen 2", 26: ", Zen 5"}.get(family, "")
+
+
+def _caches():
+    """{'L1d': bytes, 'L2': bytes per instance, 'L3': bytes, ...} of cpu0, plus sharing counts."""
+    out = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for d in sorted(base.glob("index*")):
+        try:
+            level = (d / "level").read_text().strip()
+            kind = (d / "type").read_text().strip()
+            size = (d / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+        n = int(size.rstrip("KMG")) * mult
+        out[f"L{level}" + ("d" if kind == "Data" else "")] = n
+    return out
+
+
+def default_cold_bytes(caches, cores):
+    """2 x (last-level cache + every core's L2), at least 64 MiB."""
+    llc = max((v for k, v in caches.items() if k.startswith("L3")), default=32 << 20)
+    l2 = caches.get("L2", 1 << 20) * cores
+    return max(64 << 20, 2 * (llc + l2))
+
+
+def kernel_flags():
+    """extra_compile_args setup.py uses for the kernels on this machine (None if unreadable)."""
+    try:
+        from tools.check_vectorization import builds_from_setup
+        builds = builds_from_setup(ROOT / "setup.py")
+        return " ".join(builds[0].extra_compile_args) if builds else None
+    except Exception:   # noqa: BLE001 - informational only
+        return None
+
+
+def machine_info():
+    cpu = _cpuinfo()
+    flags = set((cpu.get("flags") or cpu.get("Features") or "").split())
+    simd = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+                        "asimd", "sve", "sve2") if f in flags]
+    model = cpu.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in cpu:
+        model += f" (family {cpu['cpu family']}, model {cpu.get('model')}{_uarch_hint(cpu)})"
+    try:
+        import Cython
+        cython_version = Cython.__version__
+    except ImportError:
+        cython_version = None
+    caches = _caches()
+    cores = os.cpu_count() or 1
+    return {
+        "cpu": model,
+        "simd": simd,
+        "cores": cores,
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores,
+        "caches_bytes": caches,
+        "machine": platform.machine(),
+        "os": platform.platform(),
+        "compiler": (_run(["gcc", "--version"]).splitlines() or ["gcc not found"])[0],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cython": cython_version,
+        "torch_threads": torch.get_num_threads(),
+        "kernel_flags": kernel_flags(),
+        "git_revision": _run(["git", "rev-parse", "--short", "HEAD"]) or "none",
+        "git_dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
+    }
+
+
+def load_snapshot():
+    try:
+        fields = Path("/proc/loadavg").read_text().split()
+        return {"loadavg_1m": float(fields[0]), "loadavg_5m": float(fields[1]),
+                "runnable/total": fields[3]}
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Implementations under test
+# ---------------------------------------------------------------------------------------------
+
+def load_specverify():
+    try:
+        import specverify as sv
+        sv.verify_greedy, sv.accept_from_uniforms   # noqa: B018 (attribute check)
+        return sv
+    except (ImportError, AttributeError) as error:
+        print(f"warning: specverify unavailable ({error}); timing torch and NumPy only",
+              file=sys.stderr)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Rounds: the argument tuples each implementation is called with, per (size, op, case, cache)
+# ---------------------------------------------------------------------------------------------
+
+class Rounds:
+    """Pool of verification rounds for one (V, K, op, case, cache), cycled during timing.
+
+    Round j reads the row pool from row offsets[j]; calls[impl][j] are its arguments.
+    """
+
+    def __init__(self, pool, op, offsets, tokens, uniforms, generator):
+        self.op, self.k, self.v = op, pool.k, pool.v
+        self.offsets = list(offsets)
+        self.calls = {"specverify": [], "torch": [], "numpy": []}
+        for o, tok, u in zip(offsets, tokens, uniforms):
+            t, d = pool.round(o)
+            tt, td, ttok = torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok)
+            if op == "verify_greedy":
+                self.calls["specverify"].append((tt, ttok))
+                self.calls["torch"].append((tt, ttok))
+                self.calls["numpy"].append((t, tok))
+            else:
+                self.calls["specverify"].append((tt, td, ttok, u))
+                self.calls["torch"].append((tt, td, ttok, torch.from_numpy(u), generator))
+                self.calls["numpy"].append((t, d, tok, u))
+        self.n_accepted = None
+
+    def functions(self, sv):
+        if self.op == "verify_greedy":
+            fns = {"torch": bi.torch_verify_greedy, "numpy": bi.numpy_verify_greedy}
+            if sv is not None:
+                fns["specverify"] = sv.verify_greedy
+        else:
+            fns = {"torch": bi.torch_accept, "numpy": bi.numpy_accept}
+            if sv is not None:
+                fns["specverify"] = sv.accept_from_uniforms
+        return {name: fns[name] for name in IMPLS if name in fns}
+
+    def check(self, sv, expect_n=None, log=print):
+        """Run every round once with each implementation; record n_accepted (specverify's, else
+        NumPy's). Disagreement in n_accepted is reported (the Python implementations test in
+        float32, specverify in float64, so a uniform within rounding of the threshold may split
+        them); a forced case that does not take its path is an error."""
+        fns = self.functions(sv)
+        results = {name: [fns[name](*a) for a in self.calls[name]] for name in fns}
+        n = [r[0] for r in results.get("specverify", results["numpy"])]
+        for name, res in results.items():
+            other = [r[0] for r in res]
+            if other != n:
+                bad = sum(a != b for a, b in zip(other, n))
+                log(f"  note: {self.op}: {name} n_accepted differs from specverify in {bad} of {len(n)} rounds")
+        if self.op == "verify_greedy" and "specverify" in results and results["specverify"] != results["numpy"]:
+            raise AssertionError("verify_greedy: specverify and NumPy disagree")
+        if expect_n is not None and any(r[0] != expect_n for res in results.values() for r in res):
+            raise AssertionError(f"{self.op}: forced case did not give n_accepted = {expect_n}")
+        self.n_accepted = n
+        return n
+
+    def bytes_each(self):
+        return [bi.bytes_read(self.op, self.v, self.k, n) for n in self.n_accepted]
+
+
+def _round_inputs(pool, op, case, offset, rng):
+    t, d = pool.round(offset)
+    if op == "verify_greedy":
+        tok = bi.realistic_greedy_tokens(t, rng) if case == "realistic" else bi.worst_greedy_tokens(t)
+        return tok, None
+    if case == "realistic":
+        return bi.realistic_accept_inputs(t, d, rng)
+    return bi.worst_accept_inputs(t, d)
+
+
+def _path_length(pool, op, offset, tok, u, sv):
+    """n_accepted of a round (specverify's if available): the round reads n + 1 row (pairs)."""
+    t, d = pool.round(offset)
+    if op == "verify_greedy":
+        return (sv.verify_greedy(t, tok) if sv else bi.numpy_verify_greedy(t, tok))[0]
+    return (sv.accept_from_uniforms(t, d, tok, u) if sv else bi.numpy_accept(t, d, tok, u))[0]
+
+
+def _law_pmf(k, alpha=bi.ACCEPTANCE):
+    """P(n_accepted = n), n = 0..K, under a homogeneous per-position acceptance alpha:
+    alpha^n (1 - alpha) for n < K, alpha^K for n = K."""
+    reach = alpha ** np.arange(k + 1)                 # P(n >= j), j = 0..K
+    return reach * np.concatenate([np.full(k, 1.0 - alpha), [1.0]])
+
+
+def _quotas(pmf, total):
+    """Largest-remainder rounding of total * pmf to integers summing to total."""
+    raw = pmf * total
+    q = np.floor(raw).astype(int)
+    q[np.argsort(raw - q)[::-1][:total - q.sum()]] += 1
+    return q
+
+
+def build_rounds(pool, op, case, cache, n_warm, rng, generator, sv, cold_rows):
+    """warm: rounds at row 0 (n_warm of them for 'realistic', with accepted lengths in the
+    proportions of the law at acceptance 0.68; 1 for 'worst').
+    cold: rounds laid end to end over the first `cold_rows` rows (each starts at the row after
+    the previous round's last read row, so one pass reads each row once), called in a fixed
+    shuffled order."""
+    offsets, tokens, uniforms = [], [], []
+    if cache == "warm" and case == "worst":
+        tok, u = _round_inputs(pool, op, case, 0, rng)
+        offsets.append(0), tokens.append(tok), uniforms.append(u)
+    elif cache == "warm":
+        # Stratified: accepted lengths in the proportions of the law at acceptance 0.68, so a
+        # small pool has the realistic mix. Draw rounds; keep those whose length has quota left.
+        quota = _quotas(_law_pmf(pool.k), n_warm)
+        for _ in range(1000 * n_warm):
+            if not quota.any():
+                break
+            tok, u = _round_inputs(pool, op, case, 0, rng)
+            n = _path_length(pool, op, 0, tok, u, sv)
+            if quota[n] > 0:
+                quota[n] -= 1
+                offsets.append(0), tokens.append(tok), uniforms.append(u)
+    else:
+        o = 0
+        while o < cold_rows:
+            tok, u = _round_inputs(pool, op, case, o, rng)
+            offsets.append(o), tokens.append(tok), uniforms.append(u)
+            o += _path_length(pool, op, o, tok, u, sv) + 1
+        order = rng.permutation(len(offsets))
+        offsets, tokens, uniforms = ([x[i] for i in order] for x in (offsets, tokens, uniforms))
+    rounds = Rounds(pool, op, offsets, tokens, uniforms, generator)
+    k = pool.k
+    return rounds, (None if case == "realistic" else (k if op == "verify_greedy" else k - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+def timer_overhead_ns(n=20000):
+    """Smallest interval between two consecutive perf_counter_ns() calls (subtracted per call)."""
+    pc = time.perf_counter_ns
+    best = None
+    for _ in range(n):
+        t0 = pc()
+        dt = pc() - t0
+        best = dt if best is None or dt < best else best
+    return best
+
+
+def _timed_pass(fn, pool, out):
+    """Call fn once per round of the pool, timing each call; out: int64 [len(pool)]."""
+    pc = time.perf_counter_ns
+    for j, args in enumerate(pool):
+        t0 = pc()
+        fn(*args)
+        out[j] = pc() - t0
+
+
+@dataclass
+class Timing:
+    """Per-call times of one implementation: ns[p, j] = pass p, round j (timer overhead removed).
+
+    min / median: for each round its min / median over passes, averaged over the rounds, i.e. the
+    cost per call of the pool's mix of paths, robust to preemption of individual calls."""
+    ns: np.ndarray
+
+    @property
+    def min_us(self):
+        return float(self.ns.min(axis=0).mean()) / 1e3
+
+    @property
+    def median_us(self):
+        return float(np.median(self.ns, axis=0).mean()) / 1e3
+
+    @property
+    def passes(self):
+        return self.ns.shape[0]
+
+    @property
+    def calls(self):
+        return self.ns.size
+
+
+def time_round_robin(fns, calls, budget_s, settings, overhead_ns=0, rounds=3):
+    """{impl: Timing}: every call timed on its own (time.perf_counter_ns, GC off).
+
+    Each implementation gets about budget_s / len(fns) seconds of whole passes over its pool
+    (at least min_passes, at most max_calls calls), in `rounds` interleaved rounds so that a
+    change in machine load hits every implementation alike.
+    """
+    plan = {}
+    for name, fn in fns.items():
+        pool = calls[name]
+        scratch = np.empty(len(pool), dtype=np.int64)
+        _timed_pass(fn, pool, scratch)                 # warm-up
+        _timed_pass(fn, pool, scratch)
+        t_pass = max(float(scratch.sum()), 1.0)
+        passes = int(budget_s * 1e9 / len(fns) / t_pass)
+        passes = max(settings["min_passes"], min(passes, settings["max_calls"] // len(pool)))
+        plan[name] = np.empty((passes, len(pool)), dtype=np.int64)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for name, fn in fns.items():
+                ns = plan[name]
+                for p in range(r, ns.shape[0], rounds):
+                    _timed_pass(fn, calls[name], ns[p])
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: Timing(np.maximum(ns - overhead_ns, 0)) for name, ns in plan.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+def parse_sizes(text):
+    sizes = []
+    for item in text.split(","):
+        v, _, k = item.partition(":")
+        sizes.append((int(v), int(k)))
+    return tuple(sizes)
+
+
+def run_sweep(sizes, settings, sv, seed, log=print):
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    cold_bytes = settings["cold_bytes"]
+    n_groups = len(sizes) * len(OPS) * len(CASES) * len(CACHES)
+    budget_per_group = settings["budget_s"] / n_groups
+    rows = []
+    overhead_ns = timer_overhead_ns()
+    log(f"timer overhead {overhead_ns} ns per call (subtracted)")
+    probe = bi.ReadProbe(cold_bytes, reps=settings["probe_reps"], budget_s=settings["probe_budget_s"],
+                         min_total=settings["probe_min_total"])
+    for v, k in sizes:
+        cold_rows = max(2 * (k + 1), math.ceil(cold_bytes / (v * bi.F32)))
+        log(f"V={v} K={k}: generating {cold_rows} target and draft rows "
+            f"({2 * cold_rows * v * bi.F32 / 2**20:.0f} MiB)")
+        pool = bi.make_row_pool(v, k, cold_rows, rng)
+        for op in OPS:
+            for case in CASES:
+                for cache in CACHES:
+                    rounds, expect_n = build_rounds(pool, op, case, cache, settings["realistic_pool"],
+                                                    rng, generator, sv, cold_rows)
+                    n_acc = rounds.check(sv, expect_n, log)
+                    fns = rounds.functions(sv)
+                    times = time_round_robin(fns, rounds.calls, budget_per_group, settings, overhead_ns)
+                    nbytes = rounds.bytes_each()
+                    floor_ns = float(np.mean([probe.floor_ns(cache, b) for b in nbytes]))
+                    methods = sorted({probe.method[(cache, int(b))] for b in nbytes})
+                    common = dict(V=v, K=k, op=op, case=case, cache=cache, rounds=len(nbytes),
+                                  n_accepted_mean=float(np.mean(n_acc)), bytes_mean=float(np.mean(nbytes)))
+                    group = []
+                    for name, t in times.items():
+                        group.append(dict(common, impl=name, min_us=t.min_us, median_us=t.median_us,
+                                          passes=t.passes, calls=t.calls))
+                    group.append(dict(common, impl="floor", min_us=floor_ns / 1e3, median_us=floor_ns / 1e3,
+                                      passes=0, calls=0, floor_method="+".join(methods)))
+                    add_ratios(group)
+                    rows.extend(group)
+                    line = "  ".join(f"{g['impl']} {g['median_us']:.1f}" for g in group)
+                    log(f"  {op:13s} {case:9s} {cache:4s} n_acc={np.mean(n_acc):.2f}  median us: {line}")
+    return rows, probe
+
+
+def add_ratios(group):
+    by = {g["impl"]: g for g in group}
+    floor = by["floor"]["min_us"]
+    for g in group:
+        for ref in ("torch", "numpy"):
+            g[f"speedup_vs_{ref}"] = by[ref]["median_us"] / g["median_us"] if ref in by else None
+        g["ratio_to_floor_min"] = g["min_us"] / floor
+        g["ratio_to_floor_median"] = g["median_us"] / floor
+        g.setdefault("floor_method", "")
+
+
+def measure_overhead(sv, settings, seed):
+    """Per-call time on a tiny input (V=8) against no-ops with the same argument handling."""
+    rng = np.random.default_rng(seed)
+    t_np, d_np = bi.make_row_pool(OVERHEAD_V, OVERHEAD_K, 1, rng).round(0)
+    t, d = torch.from_numpy(t_np), torch.from_numpy(d_np)
+    tok_np = bi.worst_greedy_tokens(t_np)
+    tok = torch.from_numpy(tok_np)
+    u = np.full(OVERHEAD_K + 1, 0.5)
+    g = torch.Generator().manual_seed(seed)
+    entries = []   # (label, fn, args)
+    if sv is not None:
+        entries += [
+            ("sv.verify_greedy, torch tensors", sv.verify_greedy, (t, tok)),
+            ("sv.verify_greedy, NumPy arrays", sv.verify_greedy, (t_np, tok_np)),
+            ("sv.accept_from_uniforms, torch tensors", sv.accept_from_uniforms, (t, d, tok, u)),
+            ("sv.accept_from_uniforms, NumPy arrays", sv.accept_from_uniforms, (t_np, d_np, tok_np, u)),
+            ("sv.accept, torch tensors + torch.Generator", sv.accept, (t, d, tok, g)),
+        ]
+        conv = bi.specverify_conversion_noops(sv)
+        if conv:
+            entries += [
+                ("no-op, same conversion as sv.verify_greedy", conv["verify_greedy"], (t, tok)),
+                ("no-op, same conversion as sv.accept_from_uniforms", conv["accept_from_uniforms"],
+                 (t, d, tok, u)),
+            ]
+    entries += [
+        ("no-op, generic pointer/shape/dtype checks", bi.noop_convert, (t, d, tok, u)),
+        ("bare Python no-op call", bi.noop, (t, d, tok, u)),
+    ]
+    fns = {label: fn for label, fn, _ in entries}
+    calls = {label: [args] for label, _, args in entries}
+    times = time_round_robin(fns, calls, settings["overhead_budget_s"] * len(fns), settings,
+                             timer_overhead_ns())
+    return [dict(call=label, V=OVERHEAD_V, K=OVERHEAD_K, min_us=times[label].min_us,
+                 median_us=times[label].median_us, calls=times[label].calls) for label in fns]
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs (tables are written from the row dicts; the plot reads only the CSV)
+# ---------------------------------------------------------------------------------------------
+
+def write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r.get(k)) for k in fields})
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _fmt(x, digits=3):
+    if x is None or x == "":
+        return "–"
+    x = float(x)
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}" if x < 10 else f"{x:.1f}"
+
+
+def _table(header, body):
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(header)]
+    right = [i for i in range(len(header)) if i >= 5]
+    def line(cells):
+        return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if i in right else ("-" * (w + 2))
+                         for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in body])
+
+
+def summary_table(rows):
+    """One line per (V, K, op, case, cache): specverify against torch, NumPy and the floor."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["V"], r["K"], r["op"], r["case"], r["cache"]), {})[r["impl"]] = r
+    header = ["V, K", "op", "input", "cache", "n_acc", "specverify min µs", "median µs",
+              "torch µs", "NumPy µs", "× torch", "× NumPy", "floor µs", "÷ floor"]
+    body = []
+    for (v, k, op, case, cache), g in groups.items():
+        sv, fl = g.get("specverify"), g["floor"]
+        body.append([
+            f"{int(v)}, {int(k)}", op, case, cache, f"{float(fl['n_accepted_mean']):.2f}",
+            _fmt(sv["min_us"]) if sv else "–", _fmt(sv["median_us"]) if sv else "–",
+            _fmt(g["torch"]["median_us"]) if "torch" in g else "–",
+            _fmt(g["numpy"]["median_us"]) if "numpy" in g else "–",
+            _fmt(sv["speedup_vs_torch"]) if sv else "–", _fmt(sv["speedup_vs_numpy"]) if sv else "–",
+            _fmt(fl["min_us"]), _fmt(sv["ratio_to_floor_min"]) if sv else "–",
+        ])
+    return _table(header, body)
+
+
+def overhead_table(rows):
+    header = ["call (V = 8, K = 4)", "min µs", "median µs"]
+    body = [[r["call"], _fmt(r["min_us"]), _fmt(r["median_us"])] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    out = ["| " + " | ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))) + " |",
+           "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":" for i, w in enumerate(widths)) + "|"]
+    out += ["| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths))) + " |"
+            for b in body]
+    return "\n".join(out)
+
+
+def machine_line(meta):
+    m = meta["machine"]
+    caches = ", ".join(f"{k} {v // 1024} KiB" if v < 1 << 20 else f"{k} {v >> 20} MiB"
+                       for k, v in m["caches_bytes"].items())
+    flags = f" `{m['kernel_flags']}`" if m.get("kernel_flags") else ""
+    return (f"{m['cpu']}, {m['cores']} cores ({caches}; {'/'.join(m['simd'])}), {m['compiler']}{flags}, "
+            f"Python {m['python']}, torch {m['torch']}, NumPy {m['numpy']}, Cython {m['cython']}; "
+            f"single thread")
+
+
+def markdown_report(rows, overhead, meta):
+    load = meta["load_start"], meta["load_end"]
+    s = meta["settings"]
+    return "\n".join([
+        "### Benchmark: verification ops, single thread",
+        "",
+        f"Machine: {machine_line(meta)}. Run {meta['date']} (git {meta['machine']['git_revision']}"
+        f"{', dirty' if meta['machine']['git_dirty'] else ''}), "
+        f"{'quick' if meta['quick'] else 'full'} mode, load average "
+        f"{load[0].get('loadavg_1m', '?')} at start, {load[1].get('loadavg_1m', '?')} at end.",
+        "",
+        "µs per call; specverify min and median, torch and NumPy medians; × = median speed-up of "
+        "specverify; floor = bytes the op must read / read bandwidth measured in the same run for that "
+        "size and cache state; ÷ floor = specverify min / floor. n_acc = mean accepted length of the "
+        "rounds timed. *realistic*: per-position acceptance ≈ 0.68; *worst*: every row read (greedy: "
+        "all K accepted; accept: rejection at position K-1). *warm*: same rows every call; *cold*: "
+        f"a pass over the rounds reads {s['cold_bytes'] >> 20} MiB of distinct rows (each once), in "
+        "shuffled order.",
+        "",
+        summary_table(rows),
+        "",
+        "Python call overhead (tiny input: the kernel does almost nothing):",
+        "",
+        overhead_table(overhead),
+        "",
+        "Rerun: `python -m experiments.bench` (a few minutes; `--quick` for a smoke run). "
+        "Raw numbers: `results/bench/bench.csv`, `overhead.csv`, `meta.json`.",
+        "",
+    ])
+
+
+def plot(csv_path, png_path, meta=None):
+    """Bar chart of median µs per call (log scale) from the CSV alone."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_csv(csv_path)
+    sizes = list(dict.fromkeys((r["V"], r["K"]) for r in rows))
+    caches = [c for c in CACHES if any(r["cache"] == c for r in rows)]
+    impls = [i for i in IMPLS + ("floor",) if any(r["impl"] == i for r in rows)]
+    colors = {"specverify": "#1f77b4", "torch": "#d62728", "numpy": "#ff7f0e", "floor": "#7f7f7f"}
+    groups = [(op, case) for op in OPS for case in CASES]
+    fig, axes = plt.subplots(len(caches), len(sizes), figsize=(4.2 * len(sizes), 3.4 * len(caches)),
+                             squeeze=False, sharey=True)
+    width = 0.8 / len(impls)
+    for ci, cache in enumerate(caches):
+        for si, (v, k) in enumerate(sizes):
+            ax = axes[ci][si]
+            for ii, impl in enumerate(impls):
+                ys = []
+                for op, case in groups:
+                    match = [r for r in rows if (r["V"], r["K"], r["op"], r["case"], r["cache"], r["impl"])
+                             == (v, k, op, case, cache, impl)]
+                    ys.append(float(match[0]["median_us"]) if match else np.nan)
+                xs = np.arange(len(groups)) + (ii - (len(impls) - 1) / 2) * width
+                ax.bar(xs, ys, width, label=impl, color=colors[impl],
+                       hatch="//" if impl == "floor" else None, alpha=0.5 if impl == "floor" else 1.0)
+            ax.set_yscale("log")
+            ax.set_xticks(np.arange(len(groups)))
+            ax.set_xticklabels([f"{'greedy' if op == 'verify_greedy' else 'accept'}\n{case}"
+                                for op, case in groups], fontsize=8)
+            ax.set_title(f"V={v}, K={k}, {cache} cache", fontsize=9)
+            ax.grid(axis="y", which="both", alpha=0.3)
+            if si == 0:
+                ax.set_ylabel("µs per call (median)")
+    axes[0][0].legend(fontsize=8)
+    if meta:
+        fig.suptitle(f"{meta['machine']['cpu']}, single thread", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny time budget, small cold pool")
+    ap.add_argument("--sizes", type=parse_sizes, default=SIZES,
+                    help="comma-separated V:K pairs (default: 32000:4,128256:5,4096:8)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds of timing in the sweep")
+    ap.add_argument("--cold-bytes", type=int, default=None, help="bytes of distinct inputs cycled when cold")
+    ap.add_argument("--seed", type=int, default=20261129)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--media-dir", type=Path, default=MEDIA_DIR)
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV in --out-dir")
+    args = ap.parse_args(argv)
+
+    if args.plot_only:
+        meta = json.loads((args.out_dir / META_NAME).read_text())
+        plot(args.out_dir / CSV_NAME, args.media_dir / PNG_NAME, meta)
+        return 0
+
+    torch.set_num_threads(1)
+    settings = dict(FULL)
+    if args.quick:
+        settings.update(QUICK)
+    machine = machine_info()
+    settings.setdefault("cold_bytes", default_cold_bytes(machine["caches_bytes"], machine["cores"]))
+    if args.budget is not None:
+        settings["budget_s"] = args.budget
+    if args.cold_bytes is not None:
+        settings["cold_bytes"] = args.cold_bytes
+    sv = load_specverify()
+    meta = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), quick=args.quick,
+                sizes=[list(s) for s in args.sizes], seed=args.seed, settings=settings, machine=machine,
+                specverify=getattr(sv, "__version__", None), load_start=load_snapshot())
+    print(f"machine: {machine_line(meta)}")
+    print(f"load: {meta['load_start']}")
+    t0 = time.perf_counter()
+    rows, probe = run_sweep(args.sizes, settings, sv, args.seed)
+    overhead = measure_overhead(sv, settings, args.seed)
+    meta.update(load_end=load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1),
+                bandwidth_GBps={f"{k[0]} {k[1]} B": round(v / 1e9, 2) for k, v in probe._cache.items()},
+                floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/bench_impls.py)")
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    args.media_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out_dir / CSV_NAME, rows, CSV_FIELDS)
+    write_csv(args.out_dir / OVERHEAD_CSV_NAME, overhead, ("call", "V", "K", "min_us", "median_us",
+                                                            "calls"))
+    (args.out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    report = markdown_report(rows, overhead, meta)
+    (args.out_dir / MD_NAME).write_text(report)
+    (args.media_dir / MD_NAME).write_text(report)
+    if not args.no_plot:
+        plot(args.out_dir / CSV_NAME, args.media_dir / PNG_NAME, meta)
+    print()
+    print(report)
+    print(f"({meta['elapsed_s']} s; wrote {args.out_dir}/{{{CSV_NAME},{OVERHEAD_CSV_NAME},{MD_NAME},{META_NAME}}}, "
+          f"{args.media_dir}/{MD_NAME}" + ("" if args.no_plot else f", {args.media_dir}/{PNG_NAME}") + ")")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""experiments.bench: a --quick smoke run into a temporary directory (structure of every output,
+never wall-clock values), and the comparison implementations against specverify's references."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+from experiments import bench, bench_impls as bi  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = ((512, 2), (256, 3))
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    sizes = ",".join(f"{v}:{k}" for v, k in SIZES)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.bench", "--quick", "--sizes", sizes, "--budget", "0.5",
+         "--cold-bytes", str(1 << 20), "--out-dir", str(out / "results"), "--media-dir", str(out / "media")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_outputs_exist(quick_run):
+    out, stdout = quick_run
+    for name in ("bench.csv", "overhead.csv", "bench.md", "meta.json"):
+        assert (out / "results" / name).stat().st_size > 0, name
+    assert (out / "media" / "bench.md").read_text() == (out / "results" / "bench.md").read_text()
+    assert (out / "media" / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| V, K" in stdout and "Python call overhead" in stdout
+
+
+def test_csv_structure(quick_run):
+    out, _ = quick_run
+    rows = list(csv.DictReader(open(out / "results" / "bench.csv")))
+    assert tuple(rows[0].keys()) == bench.CSV_FIELDS
+    groups = {}
+    for r in rows:
+        groups.setdefault((int(r["V"]), int(r["K"]), r["op"], r["case"], r["cache"]), set()).add(r["impl"])
+    expected = {(v, k, op, case, cache) for v, k in SIZES for op in bench.OPS
+                for case in bench.CASES for cache in bench.CACHES}
+    assert set(groups) == expected
+    try:
+        import specverify  # noqa: F401
+        impls = {"specverify", "torch", "numpy", "floor"}
+    except ImportError:
+        impls = {"torch", "numpy", "floor"}
+    assert all(g == impls for g in groups.values())
+    for r in rows:
+        v, k = int(r["V"]), int(r["K"])
+        for col in ("min_us", "median_us", "ratio_to_floor_min", "speedup_vs_torch"):
+            assert np.isfinite(float(r[col])) and float(r[col]) > 0, (col, r)
+        assert float(r["min_us"]) <= float(r["median_us"])
+        if r["case"] == "worst":   # the forced paths
+            n = k if r["op"] == "verify_greedy" else k - 1
+            assert float(r["n_accepted_mean"]) == n
+            assert float(r["bytes_mean"]) == bi.bytes_read(r["op"], v, k, n)
+        if r["impl"] == "floor":
+            assert r["floor_method"]
+        else:
+            assert int(r["passes"]) >= 1 and int(r["calls"]) >= int(r["rounds"])
+
+
+def test_overhead_and_meta(quick_run):
+    out, _ = quick_run
+    rows = list(csv.DictReader(open(out / "results" / "overhead.csv")))
+    calls = [r["call"] for r in rows]
+    assert "bare Python no-op call" in calls
+    assert all(float(r["min_us"]) > 0 for r in rows)
+    meta = json.loads((out / "results" / "meta.json").read_text())
+    for key in ("cpu", "cores", "compiler", "torch", "numpy", "caches_bytes"):
+        assert key in meta["machine"]
+    assert meta["quick"] is True and meta["sizes"] == [list(s) for s in SIZES]
+    assert "loadavg_1m" in meta["load_start"] and meta["bandwidth_GBps"]
+
+
+def test_plot_only_redraws_from_csv(quick_run):
+    out, _ = quick_run
+    png = out / "media" / "bench.png"
+    png.unlink()
+    assert bench.main(["--plot-only", "--out-dir", str(out / "results"), "--media-dir", str(out / "media")]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison implementations compute the ops they claim to
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(5))
+def test_forced_cases_and_agreement(seed):
+    sv = pytest.importorskip("specverify")
+    rng = np.random.default_rng(seed)
+    v, k = 300, 4
+    t, d = bi.make_row_pool(v, k, 1, rng).round(0)
+    tok = bi.worst_greedy_tokens(t)
+    expect = sv.reference.verify_greedy(t, tok)
+    assert expect[0] == k
+    assert bi.numpy_verify_greedy(t, tok) == expect
+    assert bi.torch_verify_greedy(torch.from_numpy(t), torch.from_numpy(tok)) == expect
+    tok, u = bi.worst_accept_inputs(t, d)
+    n_ref, tok_ref = sv.reference.accept(t, d, tok, u)
+    assert n_ref == k - 1
+    assert bi.numpy_accept(t, d, tok, u)[0] == k - 1
+    assert bi.torch_accept(torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok),
+                           torch.from_numpy(u))[0] == k - 1
+    for _ in range(10):   # realistic rounds: same accepted length everywhere
+        tok, u = bi.realistic_accept_inputs(t, d, rng)
+        n = sv.reference.accept(t, d, tok, u)[0]
+        assert bi.numpy_accept(t, d, tok, u)[0] == n
+        assert bi.torch_accept(torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok),
+                               torch.from_numpy(u))[0] == n
+
+
+def test_realistic_draft_acceptance_near_target():
+    pool = bi.make_row_pool(4096, 4, 16, np.random.default_rng(0))
+    assert pool.rows == 16 + 4 + 1
+    assert abs(pool.acceptance.mean() - bi.ACCEPTANCE) < 0.05
+    t, d = pool.round(3)
+    assert t.shape == (5, 4096) and d.shape == (4, 4096) and np.shares_memory(t, pool.target)
+
+
+def test_bytes_read():
+    assert bi.bytes_read("verify_greedy", 10, 3, 0) == 40
+    assert bi.bytes_read("verify_greedy", 10, 3, 3) == 160
+    assert bi.bytes_read("accept", 10, 3, 2) == 240
+    assert bi.bytes_read("accept", 10, 3, 3) == 280
+    with pytest.raises(ValueError):
+        bi.bytes_read("sample", 10, 3, 0)
+
+
+def test_read_probe_positive():
+    probe = bi.ReadProbe(1 << 20, reps=2, budget_s=0.01, min_total=1 << 16)
+    assert probe.bandwidth("warm", 4096) > 0
+    assert probe.bandwidth("cold", 4096) > 0
+    assert probe.floor_ns("warm", 4096) > 0
+
+
+def test_realistic_mix_quotas():
+    pmf = bench._law_pmf(4)
+    assert pmf.sum() == pytest.approx(1.0)
+    assert (np.arange(5) * pmf).sum() == pytest.approx(sum(bi.ACCEPTANCE ** i for i in range(1, 5)))
+    q = bench._quotas(pmf, 32)
+    assert q.sum() == 32 and (q >= 0).all() and np.abs(q - 32 * pmf).max() < 1

@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# Prove the aarch64 (NEON) build of specverify on an x86-64 Debian/Ubuntu host.
+#
+#   tools/aarch64_check.sh            # everything; exit status 0 only if every check passed
+#
+# Steps
+#   1. host tools: aarch64 cross gcc/binutils, qemu-user-static, mmdebstrap, zstd (apt, only if
+#      missing);
+#   2. an arm64 Debian root file system (python3, numpy, pytest, headers) made by mmdebstrap and
+#      cached under $SPECVERIFY_CACHE (default /var/cache/specverify), keyed by its package list;
+#   3. the kernels' C generated once on the host exactly as setup.py would (same Cython
+#      directives and compile flags, tools/cross_build.py), then compiled for each CPU in
+#      $SPECVERIFY_AARCH64_CPUS (default: cortex-a72 cortex-a76) into a scratch tree -- never into
+#      the repository's specverify/;
+#   4. NEON proof for every "# hot loop" of the .pyx (tools/neon_report.py): gcc's
+#      -fopt-info-vec-optimized must report the loop vectorized with 16-byte vectors, and
+#      objdump must show SIMD arithmetic (fadd v.2d, umax v.4s, smax v.4s, ...) from its lines;
+#      the first (oldest) CPU's build must hold no ARMv8.1+ instructions (LSE atomics, dot product);
+#   5. the reduced, torch-free suite (pytest -m emulated) under qemu-aarch64 for each CPU, and the
+#      oldest CPU's build again on the newest emulated CPU (a Pi 4 build must run on a Pi 5);
+#   6. cross-architecture agreement (tools/cross_agreement.py): fixed inputs and uniforms made on
+#      x86-64; every (n_accepted, next_token) of the aarch64 builds under qemu must equal the
+#      x86-64 build's (same C, host gcc, -march=native).
+#
+# Environment
+#   PYTHON                    host Python with Cython, NumPy, setuptools (default: python3, else python)
+#   SPECVERIFY_CACHE          cache directory for the root file system (default /var/cache/specverify,
+#                             or ~/.cache/specverify when that is not writable)
+#   SPECVERIFY_AARCH64_CPUS   CPUs to build and emulate, oldest first (default "cortex-a72 cortex-a76")
+#   SPECVERIFY_DEBIAN_MIRROR  Debian mirror for mmdebstrap (default: mmdebstrap's)
+#   SPECVERIFY_AGREEMENT_CASES number of agreement cases (default 300)
+#   SPECVERIFY_KEEP=1         keep the scratch directory (printed at the end)
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+export LC_ALL=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PY=''   # host Python with Cython, numpy, setuptools: $PYTHON, else python3, else python
+read -r -a CPUS <<< "${SPECVERIFY_AARCH64_CPUS:-cortex-a72 cortex-a76}"
+SUITE=bookworm
+# python3-scipy: specverify.stats (the emulated statistical tests) needs it.
+ROOTFS_PKGS=(python3 python3-dev python3-numpy python3-scipy python3-pytest gcc libc6-dev)
+HOST_PKGS=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user-static mmdebstrap zstd)
+CROSS=aarch64-linux-gnu
+AGREEMENT_CASES=${SPECVERIFY_AGREEMENT_CASES:-300}
+# ARMv8.1+ instructions a Cortex-A72 (ARMv8.0) would trap on: LSE atomics, RCpc loads, dot product.
+V81_INSNS='(cas|casa|casl|casal|casp\w*|casb|cash|casab|casah|casalb|casalh|caslb|caslh|ldadd\w*|ldclr\w*|ldeor\w*|ldset\w*|ldsmax\w*|ldsmin\w*|ldumax\w*|ldumin\w*|stadd\w*|stclr\w*|steor\w*|stset\w*|swp\w*|ldapr\w*|sdot|udot|sqrdmlah|sqrdmlsh)'
+
+START=$SECONDS
+log()  { printf '[aarch64 %4ds] %s\n' "$((SECONDS - START))" "$*"; }
+die()  { printf 'aarch64_check: ERROR: %s\n' "$*" >&2; exit 2; }
+FAILURES=()
+fail() { printf 'aarch64_check: FAIL: %s\n' "$*" >&2; FAILURES+=("$*"); }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/specverify-aarch64.XXXXXX")
+cleanup() {
+    if [[ "${SPECVERIFY_KEEP:-0}" == 1 ]]; then
+        echo "scratch kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+
+as_root() {
+    if [[ $(id -u) -eq 0 ]]; then "$@"
+    elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo -n "$@"
+    else die "need root (or passwordless sudo) for: $*"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# 1. host tools
+# ---------------------------------------------------------------------------------------------
+ensure_host_tools() {
+    local missing=() p
+    for p in "${HOST_PKGS[@]}"; do
+        [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true) == installed ]] || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        as_root apt-get update -qq
+        as_root apt-get install -y -qq --no-install-recommends -o Dpkg::Use-Pty=0 "${missing[@]}" >/dev/null
+    fi
+    for p in "$CROSS-gcc" "$CROSS-objdump" qemu-aarch64-static mmdebstrap zstd gcc flock; do
+        command -v "$p" >/dev/null || die "'$p' not found after installing ${HOST_PKGS[*]}"
+    done
+    local py
+    for py in ${PYTHON:-python3 python}; do
+        if "$py" -c 'import Cython, numpy, setuptools' 2>/dev/null; then PY=$py; return 0; fi
+    done
+    die "no host Python with Cython, numpy and setuptools (tried ${PYTHON:-python3 python}; set PYTHON=...)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# 2. arm64 root file system (cached)
+# ---------------------------------------------------------------------------------------------
+ensure_rootfs() {
+    local cache=${SPECVERIFY_CACHE:-/var/cache/specverify}
+    if ! mkdir -p "$cache" 2>/dev/null || [[ ! -w $cache ]]; then
+        cache=${XDG_CACHE_HOME:-$HOME/.cache}/specverify
+        mkdir -p "$cache"
+    fi
+    local mirror=${SPECVERIFY_DEBIAN_MIRROR:-}
+    local key
+    key=$(printf 'v1 %s arm64 extract %s %s' "$SUITE" "${ROOTFS_PKGS[*]}" "$mirror" | sha256sum | cut -c1-16)
+    ROOTFS=$cache/rootfs-$SUITE-arm64-$key
+    local tarball=$ROOTFS.tar.zst
+    exec 9>"$ROOTFS.lock"
+    flock 9
+    if [[ ! -f $ROOTFS/.complete ]]; then
+        if [[ ! -s $tarball ]]; then
+            log "building the arm64 $SUITE root file system with mmdebstrap (${ROOTFS_PKGS[*]}) -> $tarball"
+            local mode=root
+            [[ $(id -u) -eq 0 ]] || mode=unshare
+            local partial=$cache/partial-$key.tar.zst
+            rm -f "$partial"
+            # --variant=extract: unpack the packages without running maintainer scripts (no
+            # binfmt_misc needed, minutes faster); hence the BLAS path in LD_LIBRARY_PATH below.
+            if ! mmdebstrap --quiet --variant=extract --mode="$mode" --arch=arm64 \
+                    --include="$(IFS=,; echo "${ROOTFS_PKGS[*]}")" \
+                    --aptopt='Acquire::Retries "3"' \
+                    "$SUITE" "$partial" ${mirror:+"$mirror"} >"$WORK/mmdebstrap.log" 2>&1; then
+                tail -n 30 "$WORK/mmdebstrap.log" >&2
+                die "mmdebstrap failed (log above)"
+            fi
+            mv -f "$partial" "$tarball"
+        fi
+        log "unpacking $tarball"
+        rm -rf "$ROOTFS.partial"
+        mkdir -p "$ROOTFS.partial"
+        # /dev comes from the host (qemu -L falls back to host paths that the prefix lacks)
+        tar --zstd -xf "$tarball" -C "$ROOTFS.partial" --exclude='./dev/*'
+        rm -rf "$ROOTFS"
+        mv "$ROOTFS.partial" "$ROOTFS"
+        touch "$ROOTFS/.complete"
+    fi
+    flock -u 9
+    TARGET_PYINC=$(ls -d "$ROOTFS"/usr/include/python3.[0-9]* 2>/dev/null | grep -E 'python3\.[0-9]+$' | sort -V | tail -n1 || true)
+    [[ -n $TARGET_PYINC && -f $TARGET_PYINC/Python.h ]] || die "no Python.h in $ROOTFS (delete it to rebuild)"
+    TARGET_PYVER=${TARGET_PYINC##*/python}
+    TARGET_EXT=.cpython-${TARGET_PYVER/./}-aarch64-linux-gnu.so
+    TARGET_NPINC=$(ls -d "$ROOTFS"/usr/lib/python3/dist-packages/numpy/{core,_core}/include 2>/dev/null | head -n1 || true)
+    TARGET_PY=$ROOTFS/usr/bin/python$TARGET_PYVER
+    [[ -x $TARGET_PY ]] || die "$TARGET_PY missing (delete $ROOTFS to rebuild)"
+}
+
+# A launcher per emulated CPU: a shell script that runs the rootfs's python under qemu with argv[0]
+# set to the launcher itself, so that the emulated sys.executable is the launcher and tests that
+# start "sys.executable" in a subprocess get an emulated child on the same CPU (no binfmt_misc).
+make_launcher() {
+    local cpu=$1 launcher=$WORK/bin/python3-$1
+    mkdir -p "$WORK/bin"
+    cat >"$launcher" <<EOF
+#!/bin/sh
+exec $(command -v qemu-aarch64-static) -L '$ROOTFS' -cpu '$cpu' -0 "\$0" '$TARGET_PY' "\$@"
+EOF
+    chmod +x "$launcher"
+}
+
+# run the rootfs's python3 under qemu: qemu_py <cpu> <tree> args...  (cwd = tree)
+qemu_py() {
+    local cpu=$1 tree=$2
+    shift 2
+    [[ -x $WORK/bin/python3-$cpu ]] || make_launcher "$cpu"
+    (cd "$tree" && env -i PATH=/usr/bin:/bin HOME="$WORK/home" LANG=C.UTF-8 TMPDIR="$WORK/tmp" \
+        PYTHONPATH="$tree" PYTHONDONTWRITEBYTECODE=1 PYTHONHASHSEED=0 SPECVERIFY_EMULATED=1 \
+        LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu/blas:/usr/lib/aarch64-linux-gnu/lapack \
+        "$WORK/bin/python3-$cpu" "$@")
+}
+
+# copy the package's Python files, the tests (and tools/, which some tests import) and the pytest
+# configuration into a scratch tree
+make_tree() {
+    local tree=$1 f
+    mkdir -p "$tree"
+    (cd "$REPO" && find specverify tests tools -type f \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' \
+        -o -name '*.json' -o -name '*.npz' -o -name '*.txt' \) -not -path '*/__pycache__/*' -print0 \
+        | xargs -0 cp --parents -t "$tree")
+    for f in pytest.ini pyproject.toml setup.cfg tox.ini conftest.py; do
+        [[ -f $REPO/$f ]] && cp "$REPO/$f" "$tree/"
+    done
+    return 0
+}
+
+# ---------------------------------------------------------------------------------------------
+main() {
+    log "repo $REPO, CPUs ${CPUS[*]}, scratch $WORK"
+    mkdir -p "$WORK/home" "$WORK/tmp" "$WORK/report"
+    ensure_host_tools
+    ensure_rootfs
+    log "rootfs $ROOTFS (python $TARGET_PYVER)"
+
+    # 3. C generated once, as setup.py would
+    "$PY" "$REPO/tools/cross_build.py" --repo "$REPO" --out "$WORK/gen" >"$WORK/exts.tsv" \
+        || die "cythonizing failed (tools/cross_build.py)"
+    [[ -s $WORK/exts.tsv ]] || die "setup.py declares no extension"
+    local name c pyx args so cpu
+    local host_inc host_np host_ext
+    host_inc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    host_np=$("$PY" -c 'import numpy; print(numpy.get_include())')
+    host_ext=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+
+    # x86-64 reference build of the same C (setup.py's flags; -march=native as setup.py's default)
+    make_tree "$WORK/x86/tree"
+    while IFS=$'\t' read -r name c pyx args; do
+        so=$WORK/x86/tree/${name//.//}$host_ext
+        # shellcheck disable=SC2086
+        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march=native -I"$host_inc" -I"$host_np" "$c" -o "$so" </dev/null \
+            2>"$WORK/x86/build.log" || { cat "$WORK/x86/build.log" >&2; die "x86-64 build of $name failed"; }
+    done <"$WORK/exts.tsv"
+    log "x86-64 reference build done"
+
+    # 4. aarch64 builds + NEON proof
+    for cpu in "${CPUS[@]}"; do
+        local d=$WORK/$cpu
+        make_tree "$d/tree"
+        : >"$d/neon.txt"
+        while IFS=$'\t' read -r name c pyx args; do
+            so=$d/tree/${name//.//}$TARGET_EXT
+            # -g adds line tables for the objdump mapping; it never changes the generated code.
+            # shellcheck disable=SC2086
+            "$CROSS-gcc" --sysroot="$ROOTFS" -shared -fPIC -DNDEBUG -g -fwrapv $args -mcpu="$cpu" \
+                -I"$TARGET_PYINC" -I"$ROOTFS/usr/include/aarch64-linux-gnu/python$TARGET_PYVER" \
+                ${TARGET_NPINC:+-I"$TARGET_NPINC"} \
+                -fopt-info-vec-optimized="$d/$name.optinfo" "$c" -o "$so" 2>"$d/build.log" </dev/null \
+                || { cat "$d/build.log" >&2; die "$cpu build of $name failed"; }
+            "$CROSS-objdump" -d -l --no-show-raw-insn "$so" >"$d/$name.objdump"
+            "$PY" "$REPO/tools/neon_report.py" --pyx "$pyx" --c "$c" --optinfo "$d/$name.optinfo" \
+                --objdump "$d/$name.objdump" --label "$cpu" --json "$d/$name.neon.json" </dev/null | tee -a "$d/neon.txt" \
+                || fail "$cpu: not every hot loop of $name is NEON-vectorized"
+        done <"$WORK/exts.tsv"
+    done
+    # the oldest CPU's build must run on every Pi: no ARMv8.1+ instructions anywhere in it
+    local oldest=${CPUS[0]} bad
+    for so in $(find "$WORK/$oldest/tree" -name "*$TARGET_EXT"); do
+        bad=$("$CROSS-objdump" -d --no-show-raw-insn "$so" | grep -E -c "^\s*[0-9a-f]+:\s+$V81_INSNS\b" || true)
+        echo "$oldest build ${so##*/}: $bad ARMv8.1+ instructions (LSE atomics, RCpc, dot product)" \
+            >>"$WORK/report/isa.txt"
+        ((bad == 0)) || fail "$oldest build ${so##*/} holds $bad ARMv8.1+ instructions: it would trap on $oldest"
+    done
+    log "aarch64 builds done"
+
+    # 6a. agreement inputs and the x86-64 answers
+    "$PY" "$REPO/tools/cross_agreement.py" gen --out "$WORK/cases.npz" --cases "$AGREEMENT_CASES" >/dev/null
+    (cd "$WORK" && PYTHONPATH="$WORK/x86/tree" "$PY" "$REPO/tools/cross_agreement.py" run \
+        --cases "$WORK/cases.npz" --out "$WORK/x86.npz") || die "x86-64 agreement run failed"
+    cp "$REPO/tools/cross_agreement.py" "$WORK/cross_agreement.py"
+
+    # 5 + 6b. emulated runs: each build on its own CPU, then the oldest build on the newest CPU
+    local runs=() r build emu
+    for cpu in "${CPUS[@]}"; do runs+=("$cpu:$cpu"); done
+    ((${#CPUS[@]} > 1)) && runs+=("${CPUS[0]}:${CPUS[-1]}")
+    for r in "${runs[@]}"; do
+        build=${r%%:*} emu=${r##*:}
+        local tag="$build build on emulated $emu" log_file=$WORK/report/pytest-$build-on-$emu.log
+        log "$tag: pytest -m emulated"
+        local rc=0
+        qemu_py "$emu" "$WORK/$build/tree" -m pytest -m emulated -q -p no:cacheprovider tests/ \
+            >"$log_file" 2>&1 || rc=$?
+        local summary
+        summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
+        echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >>"$WORK/report/suite.txt"
+        if ((rc == 5)); then
+            fail "$tag: no test is marked @pytest.mark.emulated"
+        elif ((rc != 0)); then
+            tail -n 40 "$log_file" >&2
+            fail "$tag: emulated suite failed (rc=$rc): $summary"
+        fi
+        log "$tag: ${summary:-rc=$rc}"
+        log "$tag: agreement run"
+        if qemu_py "$emu" "$WORK/$build/tree" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
+                --out "$WORK/arm-$build-on-$emu.npz" >"$WORK/report/agree-run-$build-on-$emu.log" 2>&1 \
+                && grep -q "on aarch64 (_kernels$TARGET_EXT)" "$WORK/report/agree-run-$build-on-$emu.log"; then
+            "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
+                --got "$WORK/arm-$build-on-$emu.npz" --cases "$WORK/cases.npz" --label "$tag" \
+                --dump "$WORK/report/mismatch-$build-on-$emu.npz" | tee -a "$WORK/report/agree.txt" \
+                || fail "$tag: results differ from x86-64 (inputs: report/mismatch-$build-on-$emu.npz)"
+        else
+            tail -n 30 "$WORK/report/agree-run-$build-on-$emu.log" >&2
+            fail "$tag: agreement run crashed (or did not load the aarch64 build)"
+            echo "[$tag] agreement: run crashed" >>"$WORK/report/agree.txt"
+        fi
+    done
+
+    # summary
+    echo
+    echo "==== aarch64 summary ($((SECONDS - START)) s) ===="
+    for cpu in "${CPUS[@]}"; do
+        echo "-- $cpu: hot loops (gcc 16-byte loop vectorization + SIMD in objdump)"
+        sed -E 's/^\[[^]]*\] /   /' "$WORK/$cpu/neon.txt"
+    done
+    sed 's/^/-- /' "$WORK/report/isa.txt"
+    echo "-- emulated suite"
+    sed 's/^/   /' "$WORK/report/suite.txt"
+    echo "-- cross-architecture agreement with x86-64"
+    sed -E 's/^\[([^]]*)\] /   \1: /' "$WORK/report/agree.txt"
+    if ((${#FAILURES[@]})); then
+        [[ "${SPECVERIFY_KEEP:-0}" == 1 ]] || { SPECVERIFY_KEEP=1; echo "(scratch kept for inspection)"; }
+        echo "FAILED (${#FAILURES[@]}):"
+        printf '   %s\n' "${FAILURES[@]}"
+        return 1
+    fi
+    echo "aarch64 check PASSED"
+}
+
+main "$@"
