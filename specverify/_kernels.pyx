@@ -129,9 +129,10 @@ cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
 
 
 cdef inline uint32_t _max_bits(const uint32_t* xb, Py_ssize_t n, uint32_t m) noexcept nogil:
-    """max(m, largest bit pattern of x[0:n] read as uint32): the cheap half of validation."""
+    """max(m, largest bit pattern of x[0:n] read as uint32): the cheap half of validation (a plain
+    integer max reduction, which vectorizes as it stands)."""
     cdef Py_ssize_t j
-    # hot loop: validation (a plain integer max reduction vectorizes as it stands)
+    # hot loop: validation
     for j in range(n):
         m = max(m, xb[j])
     return m
@@ -619,6 +620,15 @@ cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const
 
 def verify_greedy(target_probs, draft_tokens):
     """See specverify.verify_greedy."""
+    return _verify_greedy_entry(target_probs, draft_tokens, True)
+
+
+def convert_only_verify_greedy(target_probs, draft_tokens):
+    """verify_greedy without its kernel: the argument handling alone (call-overhead benchmark)."""
+    return _verify_greedy_entry(target_probs, draft_tokens, False)
+
+
+cdef object _verify_greedy_entry(object target_probs, object draft_tokens, bint run):
     cdef _Held held = _Held()
     cdef Rows target
     cdef const int64_t* tokens
@@ -629,6 +639,8 @@ def verify_greedy(target_probs, draft_tokens):
     draft_tokens = _tokens(draft_tokens, &tokens, &k, held)
     target_probs = _rows(target_probs, "target_probs", k + 1, -1, &target, held)
     _check_token_range(draft_tokens, tokens, k, target.cols)
+    if not run:
+        return None
     with nogil:
         status = _verify_greedy(<const float*> target.data, target.stride, tokens, k, target.cols,
                                 &n_accepted, &next_token, &bad_row)
@@ -639,6 +651,16 @@ def verify_greedy(target_probs, draft_tokens):
 
 def accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
     """See specverify.accept / specverify.accept_from_uniforms (uniforms given: no generator)."""
+    return _accept_entry(target_probs, draft_probs, draft_tokens, generator, uniforms, True)
+
+
+def convert_only_accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
+    """accept without its kernel: the argument handling and uniform draws alone (benchmark)."""
+    return _accept_entry(target_probs, draft_probs, draft_tokens, generator, uniforms, False)
+
+
+cdef object _accept_entry(object target_probs, object draft_probs, object draft_tokens,
+                          object generator, object uniforms, bint run):
     cdef _Held held = _Held()
     cdef Rows target, draft
     cdef const int64_t* tokens
@@ -655,6 +677,8 @@ def accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=Non
         draft.data, draft.stride = NULL, 0
     _check_token_range(draft_tokens, tokens, k, target.cols)
     uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
+    if not run:
+        return None
     with nogil:
         status = _accept(<const float*> target.data, target.stride, <const float*> draft.data,
                          draft.stride, tokens, k, target.cols, u, &n_accepted, &next_token,
