@@ -294,20 +294,27 @@ cdef Py_ssize_t _first_zero(const float* x, Py_ssize_t n) noexcept nogil:
     return 0
 
 
+cdef inline int32_t _shifted(uint32_t bits) noexcept nogil:
+    """bits - 0x7F800001 as int32: negative floats map, in order of increasing magnitude, to
+    0x007FFFFF (-0.0) .. 0x7FFFFFFF (-Inf); non-negative floats, +Inf and positive NaNs to
+    _shifted(+0.0) = -0x7F800001 and above; negative NaNs below that, to the very bottom."""
+    return <int32_t> (bits - 0x7F800001u)
+
+
 cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept nogil:
     """First index of the row's maximum (what torch.argmax / numpy.argmax return; -0.0 == 0.0).
 
-    Reads the bits: as int32, non-negative floats are ordered like their values, and negative
-    floats by increasing magnitude (so the largest negative value has the smallest int32).  One
-    pass takes three integer reductions per block (signed max, signed min, unsigned max): they
-    vectorize as they stand, where a float max would need -ffinite-math-only and so be blind to
-    NaN.  Only the winning block is read again.  status: OK, BAD_SCORES (NaN or +Inf) or
-    NO_FINITE_SCORE (-Inf everywhere).
+    Reads the bits.  As int32, non-negative floats are ordered like their values, so the signed
+    max of the raw bits is the positive maximum (and catches +Inf and positive NaNs above
+    0x7F800000).  For rows with no non-negative value the maximum is the negative float of
+    smallest magnitude: the signed min of ``_shifted`` bits, which also puts every negative NaN
+    below _shifted(+0.0).  Two integer reductions per block, one pass: they vectorize as they
+    stand, where a float max would need -ffinite-math-only and so be blind to NaN.  Only the
+    winning block is read again.  status: OK, BAD_SCORES (NaN or +Inf) or NO_FINITE_SCORE.
     """
     cdef const int32_t* xi = <const int32_t*> x
     cdef const uint32_t* xu = <const uint32_t*> x
     cdef int32_t hi, lo, best_hi = -0x7FFFFFFF - 1, best_lo = 0x7FFFFFFF, wanted
-    cdef uint32_t unsigned_max = 0
     cdef Py_ssize_t b, start, stop, j, hi_start = 0, lo_start = 0, best_start
     for b in range((n + ARGMAX_BLOCK - 1) // ARGMAX_BLOCK):
         start = b * ARGMAX_BLOCK
@@ -316,26 +323,24 @@ cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept 
         # hot loop: blocked argmax
         for j in range(start, stop):
             hi = max(hi, xi[j])
-            lo = min(lo, xi[j])
-            unsigned_max = max(unsigned_max, xu[j])
+            lo = min(lo, _shifted(xu[j]))
         if hi > best_hi:
             best_hi, hi_start = hi, start
         if lo < best_lo:
             best_lo, lo_start = lo, start
-    # +Inf is 0x7F800000 and positive NaNs lie above it; negative NaNs lie above -Inf (0xFF800000).
-    if best_hi >= <int32_t> FLOAT_INF_BITS or unsigned_max > NEGATIVE_INF_BITS:
+    if best_hi >= <int32_t> FLOAT_INF_BITS or best_lo < _shifted(0u):  # +Inf or a NaN
         status[0] = BAD_SCORES
         return -1
     status[0] = OK
     if best_hi > 0:  # a positive maximum
         wanted, best_start = best_hi, hi_start
-    elif best_hi == 0 or best_lo == <int32_t> NEGATIVE_ZERO_BITS:  # the maximum is zero
+    elif best_hi == 0 or best_lo == _shifted(NEGATIVE_ZERO_BITS):  # the maximum is zero
         return _first_zero(x, n)
-    elif best_lo == <int32_t> NEGATIVE_INF_BITS:
+    elif best_lo == _shifted(NEGATIVE_INF_BITS):
         status[0] = NO_FINITE_SCORE
         return -1
     else:  # every value negative: the maximum has the smallest magnitude
-        wanted, best_start = best_lo, lo_start
+        wanted, best_start = <int32_t> (<uint32_t> best_lo + 0x7F800001u), lo_start
     for j in range(best_start, min(best_start + ARGMAX_BLOCK, n)):
         if xi[j] == wanted:
             return j

@@ -31,6 +31,9 @@ def greedy_case(rng):
         scores[:, rng.integers(0, v)] = 0.0
     if rng.random() < 0.1:
         scores[rng.random(scores.shape) < 0.2] = -0.0
+    if rng.random() < 0.3:
+        # Log-probabilities: every score negative (the maximum is the smallest magnitude).
+        scores = np.where(scores == 0, -0.0, -np.abs(scores)).astype(np.float32)
     best = np.argmax(scores, axis=1)
     # Drafts agree with the argmax with high probability, so later rows get visited too.
     tokens = np.where(rng.random(k) < 0.8, best[:k], rng.integers(0, v, k)).astype(np.int64)
