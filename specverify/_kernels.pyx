@@ -1,10 +1,12 @@
 # cython: language_level=3
 """Compiled loops of specverify: pure functions of raw float32 rows and explicit uniforms.
 
-Everything here trusts its caller (``specverify.ops``): shapes, dtypes, strides and token ids are
-validated there before any pointer reaches this module, and the per-element checks (NaN, Inf,
-negative values) are folded into the single pass that reads each row.  Directives live in
-``setup.py`` (``SPECVERIFY_BOUNDSCHECK=1`` turns bounds checking back on for debugging).
+The loops trust their callers.  The entry points at the bottom of this file validate first:
+shapes, dtypes, strides and token ids are checked (here for the common case, in
+``specverify._inputs`` for everything else) before any pointer reaches a loop, and the
+per-element checks (NaN, Inf, negative values, zero mass) are folded into the single pass that
+reads each row.  Directives live in ``setup.py`` (``SPECVERIFY_BOUNDSCHECK=1`` turns bounds
+checking back on for debugging).
 
 Summation order (fixed and explicit, so x86-64 and aarch64 agree bit for bit and
 ``specverify.reference`` can reproduce it):
@@ -23,7 +25,7 @@ they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
 from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset, strcmp
+from libc.string cimport strcmp
 
 import sys
 
@@ -190,31 +192,35 @@ cdef inline double _residual_weight(float p, float q, double p_mass, double q_ma
     return d if d > 0.0 else 0.0
 
 
+cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_t n,
+                                       double p_mass, double q_mass) noexcept nogil:
+    """Sum of the residual weights of p[0:n], q[0:n], n <= BLOCK, in the documented lane order."""
+    cdef double acc[LANES]
+    cdef Py_ssize_t j, l, s
+    for l in range(LANES):
+        acc[l] = 0.0
+    if n == BLOCK:
+        # hot loop: residual block sums
+        for s in range(STEPS):
+            for l in range(LANES):
+                acc[l] += _residual_weight(p[s * LANES + l], q[s * LANES + l], p_mass, q_mass)
+    else:
+        for j in range(n):
+            acc[j % LANES] += _residual_weight(p[j], q[j], p_mass, q_mass)
+    return _combine_lanes(acc)
+
+
 cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
                                  double p_mass, double q_mass,
                                  double* block_sums) noexcept nogil:
     """Block sums and total of the residual weights of one row pair (documented order)."""
-    cdef double acc[LANES]
-    cdef Py_ssize_t start, stop, j, l, s, b = 0
+    cdef Py_ssize_t start, b
     cdef double total = 0.0
-    start = 0
-    while start < n:
-        stop = start + BLOCK if start + BLOCK <= n else n
-        for l in range(LANES):
-            acc[l] = 0.0
-        if stop - start == BLOCK:
-            # hot loop: residual block sums
-            for s in range(STEPS):
-                for l in range(LANES):
-                    acc[l] += _residual_weight(p[start + s * LANES + l], q[start + s * LANES + l],
-                                               p_mass, q_mass)
-        else:
-            for j in range(start, stop):
-                acc[(j - start) % LANES] += _residual_weight(p[j], q[j], p_mass, q_mass)
-        block_sums[b] = _combine_lanes(acc)
+    for b in range((n + BLOCK - 1) // BLOCK):
+        start = b * BLOCK
+        block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start),
+                                            p_mass, q_mass)
         total += block_sums[b]
-        b += 1
-        start = stop
     return total
 
 
