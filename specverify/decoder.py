@@ -113,8 +113,9 @@ class SpeculativeDecoder:
     ----------
     draft_step : callable ``(prefix, k) -> (tokens, probs)``
         ``prefix`` is the whole sequence so far, a 1-D int64 tensor (do not modify it).
-        Returns ``tokens`` ``[k]`` (ints) and ``probs`` ``[k, V]``: row ``i`` is the
-        distribution ``tokens[i]`` was drawn from. ``probs`` may be ``None`` in greedy mode;
+        Returns ``tokens`` ``[j]`` (ints, ``0 <= j <= k``: a draft with nothing better to
+        propose, e.g. prompt lookup without a match, may return fewer, down to none) and
+        ``probs`` ``[j, V]``: row ``i`` is the distribution ``tokens[i]`` was drawn from. ``probs`` may be ``None`` in greedy mode;
         in sampling mode ``None`` means a deterministic (point-mass) draft.
     target_step : callable ``(prefix, proposed) -> target_probs``
         ``proposed`` is a 1-D int64 tensor of ``m`` draft tokens (``0 <= m <= k``); returns
@@ -197,8 +198,11 @@ class SpeculativeDecoder:
                 tokens, draft_probs = self.draft_step(prefix, m)  # [m], [m, V] or None
                 stats.draft_time += clock() - t0
                 tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
-                if tokens.numel() != m:
-                    raise ValueError(f"draft_step returned {tokens.numel()} tokens, expected {m}")
+                if tokens.numel() > m:
+                    raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
+                m = tokens.numel()  # a short proposal is fine: the round verifies what there is
+                if m == 0:
+                    draft_probs = None
             else:
                 tokens = torch.empty(0, dtype=torch.int64)
 

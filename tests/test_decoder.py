@@ -97,8 +97,8 @@ def test_rejects_bad_arguments_and_callbacks():
         sv.SpeculativeDecoder(d, t, k=0)
     with pytest.raises(ValueError, match="max_new"):
         sv.SpeculativeDecoder(d, t, k=2).generate([1], max_new=-1)
-    with pytest.raises(ValueError, match="draft_step returned 1 tokens, expected 2"):
-        sv.SpeculativeDecoder(lambda p, k: ([0], None), t, k=2).generate([1], max_new=5)
+    with pytest.raises(ValueError, match="draft_step returned 3 tokens, asked for at most 2"):
+        sv.SpeculativeDecoder(lambda p, k: ([0, 0, 0], None), t, k=2).generate([1], max_new=5)
     with pytest.raises(ValueError, match="target_step returned"):
         sv.SpeculativeDecoder(d, lambda p, x: target.rows([0]), k=2).generate([1], max_new=5)
 
@@ -122,6 +122,26 @@ def test_greedy_reproduces_plain_greedy(k, with_probs):
                 accepted += sum(dec.stats.accepted)
                 rejected += sum(m - a for a, m in zip(dec.stats.accepted, dec.stats.drafted))
     assert accepted > 0 and rejected > 0  # both paths of the verifier were exercised
+
+
+def short_proposals(draft_step):
+    """A draft that sometimes proposes fewer tokens than asked (down to none), by its prefix."""
+
+    def d(prefix, k):
+        tokens, probs = draft_step(prefix, k)
+        j = int(prefix.sum()) % (k + 1)
+        return tokens[:j], None if probs is None else probs[:j]
+
+    return d
+
+
+def test_short_proposals_keep_greedy_exact():
+    target, draft = bigram_pair(2, 9, lam=0.35, concentration=0.3)
+    d, t = markov_callbacks(target, draft, None, greedy=True)
+    dec = sv.SpeculativeDecoder(short_proposals(d), t, k=4, greedy=True)
+    out = dec.generate(torch.tensor([3]), max_new=40)
+    assert out[1:].tolist() == target.greedy([3], 40)
+    assert 0 in dec.stats.drafted and max(dec.stats.drafted) > 1  # empty and partial proposals both ran
 
 
 def test_greedy_stops_after_eos():
@@ -189,7 +209,8 @@ class BonusDropped(sv.SpeculativeDecoder):
         return super()._emitted(tokens, n_accepted, next_token)
 
 
-def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=True, torch_gen=False):
+def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=True, torch_gen=False,
+                      short=False):
     """Chi-square of the counts of every whole continuation against the target's exact joint law."""
     target, draft = bigram_pair(seed, vocab, lam=lam)
     g_draft, g_verify = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -197,7 +218,7 @@ def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=
         g_verify = torch.Generator().manual_seed(seed)
     # a point-mass draft (no probs) must propose deterministically: its argmax
     d, t = markov_callbacks(target, draft, g_draft, greedy=not pass_probs, pass_probs=pass_probs)
-    dec = cls(d, t, k=k, greedy=False, generator=g_verify)
+    dec = cls(short_proposals(d) if short else d, t, k=k, greedy=False, generator=g_verify)
     prompt = torch.tensor([1, 2], dtype=torch.int64)
     counts = np.zeros(vocab**length, dtype=np.int64)
     rounds = 0
@@ -225,6 +246,12 @@ def test_sampling_preserves_joint_law(vocab, length, k, runs, pass_probs, torch_
     assert res.dof >= 10
     assert rounds_per_run > 1.2  # continuations really span several rounds
     assert res.pvalue > ALPHA, res
+
+
+def test_short_proposals_preserve_joint_law():
+    res, rounds_per_run = continuation_test(sv.SpeculativeDecoder, vocab=4, length=3, k=3, runs=4000, seed=5,
+                                            short=True)
+    assert rounds_per_run > 1.2 and res.pvalue > ALPHA, res
 
 
 def test_sampling_is_seeded():
