@@ -186,14 +186,16 @@ cdef void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_b
     q_max_bits[0] = mq
 
 
-cdef inline double _residual_weight(float p, float q, double p_mass, double q_mass) noexcept nogil:
-    """Unnormalized residual max(0, p/P - q/Q) * P * Q = max(0, p*Q - q*P), in float64."""
-    cdef double d = <double> p * q_mass - <double> q * p_mass
+cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcept nogil:
+    """Unnormalized residual max(0, p/P - q/Q) * P = max(0, p - q * (P/Q)), in float64.
+
+    mass_ratio = P / Q.  p == q at any power-of-two scale gives exactly 0."""
+    cdef double d = <double> p - <double> q * mass_ratio
     return d if d > 0.0 else 0.0
 
 
 cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_t n,
-                                       double p_mass, double q_mass) noexcept nogil:
+                                       double mass_ratio) noexcept nogil:
     """Sum of the residual weights of p[0:n], q[0:n], n <= BLOCK, in the documented lane order."""
     cdef double acc[LANES]
     cdef Py_ssize_t j, l, s
@@ -203,15 +205,14 @@ cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_
         # hot loop: residual block sums
         for s in range(STEPS):
             for l in range(LANES):
-                acc[l] += _residual_weight(p[s * LANES + l], q[s * LANES + l], p_mass, q_mass)
+                acc[l] += _residual_weight(p[s * LANES + l], q[s * LANES + l], mass_ratio)
     else:
         for j in range(n):
-            acc[j % LANES] += _residual_weight(p[j], q[j], p_mass, q_mass)
+            acc[j % LANES] += _residual_weight(p[j], q[j], mass_ratio)
     return _combine_lanes(acc)
 
 
-cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
-                                 double p_mass, double q_mass,
+cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n, double mass_ratio,
                                  double* block_sums) noexcept nogil:
     """Block sums and total of the residual weights of one row pair (documented order)."""
     cdef Py_ssize_t start, b
@@ -219,7 +220,7 @@ cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
     for b in range((n + BLOCK - 1) // BLOCK):
         start = b * BLOCK
         block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start),
-                                            p_mass, q_mass)
+                                            mass_ratio)
         total += block_sums[b]
     return total
 
@@ -267,13 +268,13 @@ cdef inline Py_ssize_t _scan_target_block(const float* p, Py_ssize_t start, Py_s
 
 
 cdef inline Py_ssize_t _scan_residual_block(const float* p, const float* q, Py_ssize_t start,
-                                            Py_ssize_t stop, double p_mass, double q_mass,
+                                            Py_ssize_t stop, double mass_ratio,
                                             double remainder) noexcept nogil:
-    """As ``_scan_target_block`` with the residual weights max(0, p*Q - q*P)."""
+    """As ``_scan_target_block`` with the residual weights max(0, p - q * P/Q)."""
     cdef double cumulative = 0.0, w
     cdef Py_ssize_t j, last = start
     for j in range(start, stop):
-        w = _residual_weight(p[j], q[j], p_mass, q_mass)
+        w = _residual_weight(p[j], q[j], mass_ratio)
         if w > 0.0:
             cumulative += w
             last = j
@@ -433,13 +434,13 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             # Accept iff u < (p_t / P) / (q_t / Q), written without division.
             if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
                 continue
-            residual_mass = _residual_block_sums(p, q, v, p_mass, q_mass, residual_blocks)
+            residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
             n_accepted[0] = i
             if residual_mass > 0.0:
                 b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
                 start = b * BLOCK
                 next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
-                                                     p_mass, q_mass, remainder)
+                                                     p_mass / q_mass, remainder)
             else:
                 # p <= q everywhere after rounding: p itself is the only sensible residual.
                 next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])

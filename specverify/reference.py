@@ -80,8 +80,8 @@ def verify_greedy(target_probs, draft_tokens):
 
 
 def residual_weights(p_row, q_row, p_mass, q_mass):
-    """Unnormalized residual ``max(0, p/P - q/Q) * P * Q = max(0, p*Q - q*P)`` in float64."""
-    d = np.asarray(p_row, dtype=np.float64) * q_mass - np.asarray(q_row, dtype=np.float64) * p_mass
+    """Unnormalized residual ``max(0, p/P - q/Q) * P = max(0, p - q * (P/Q))`` in float64."""
+    d = np.asarray(p_row, dtype=np.float64) - np.asarray(q_row, dtype=np.float64) * (p_mass / q_mass)
     return np.where(d > 0.0, d, 0.0)
 
 
