@@ -56,8 +56,8 @@ def accept(target_probs, draft_probs, draft_tokens, generator=None):
     - ``q_i(t_i) = 0`` (the draft proposed a token it gives no mass): the ratio is +inf, so
       ``t_i`` is accepted iff ``p_i(t_i) > 0``.
     - ``p_i(t_i) = 0``: never accepted, whatever ``u_i``.
-    - ``p == q`` (also at different scales, e.g. ``target = 2 * draft``): always accepted
-      (``u_i < 1``).
+    - ``p == q`` (identical rows, or rows scaled by a power of two, e.g. ``target = 2 * draft``):
+      always accepted (``u_i < 1``).  Other scales agree up to float rounding of the masses.
     - a residual whose mass is 0 after rounding (``p_i <= q_i`` everywhere in float64): the
       recovered token is drawn from ``p_i`` itself.
     - ``draft_probs=None``: a deterministic draft (prompt lookup, n-gram) whose ``q_i`` is a point
