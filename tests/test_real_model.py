@@ -22,7 +22,6 @@ from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import (  # noqa: E402
     CachedCausalLM,
     PromptLookupDraft,
-    Sampling,
     early_exit,
     speculative_callbacks,
     warp,
