@@ -356,15 +356,14 @@ cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept 
 
 cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssize_t stop,
                                         Py_ssize_t excluded) noexcept nogil:
-    """One block's sum in the documented lane order with p[excluded] counted as 0."""
-    cdef double acc[LANES]
-    cdef Py_ssize_t j, l
-    for l in range(LANES):
-        acc[l] = 0.0
+    """``_block_sum`` of p[start:stop] with p[excluded] counted as 0 (adding +0.0 to a lane
+    changes nothing, so this is the same order and the same bits as skipping it)."""
+    cdef float block[BLOCK]
+    cdef Py_ssize_t j
     for j in range(start, stop):
-        if j != excluded:
-            acc[(j - start) % LANES] += <double> p[j]
-    return _combine_lanes(acc)
+        block[j - start] = p[j]
+    block[excluded - start] = 0.0
+    return _block_sum(block, stop - start)
 
 
 # ---------------------------------------------------------------------------------------------
