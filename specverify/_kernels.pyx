@@ -12,10 +12,10 @@ Summation order (fixed and explicit, so x86-64 and aarch64 agree bit for bit and
 ``specverify.reference`` can reproduce it):
 
 - a row is cut into blocks of ``BLOCK = 256`` elements (the last one may be short);
-- inside a block, element ``j`` goes to lane ``j % 16``; each lane is a float64 accumulator
+- inside a block, element ``j`` goes to lane ``j % 8``; each lane is a float64 accumulator
   summed in increasing ``j``;
-- the 16 lanes are combined by a pairwise tree: ``h[l] = a[l] + a[l+8]``, ``g[l] = h[l] + h[l+4]``,
-  ``f[l] = g[l] + g[l+2]``, ``block = f[0] + f[1]``;
+- the 8 lanes are combined by a pairwise tree: ``h[l] = a[l] + a[l+4]``, ``g[l] = h[l] + h[l+2]``,
+  ``block = g[0] + g[1]``;
 - the row total is the left-to-right float64 sum of its block sums, starting from 0.0.
 
 No reassociation flags are used: the lanes are written out, so the compiler vectorizes them as
@@ -28,15 +28,17 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp
 
 import sys
+import threading
 
 import numpy as np
 
 from . import _inputs
 
 cdef enum:
-    LANES = 16
+    LANES = 8           # one 512-bit vector of float64, fed by one 256-bit load of float32
     BLOCK = 256
     STEPS = BLOCK // LANES
+    WIDE = 4            # full blocks summed side by side (see _wide_block_sums)
     ARGMAX_BLOCK = 512  # argmax blocks: no summation order to keep, so larger (fewer reductions)
 
 # Status codes returned by the kernels.  Positive codes come with the offending row index.
@@ -72,6 +74,17 @@ cdef extern from *:
     const uint32_t NEGATIVE_ZERO_BITS "SV_NEGATIVE_ZERO_BITS"
     const uint32_t NEGATIVE_INF_BITS "SV_NEGATIVE_INF_BITS"
 
+# A read hint (no fault past the end of a row; a no-op where the compiler has none).
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define SV_PREFETCH(address) __builtin_prefetch((address), 0, 1)
+    #else
+    #define SV_PREFETCH(address) ((void) (address))
+    #endif
+    """
+    void prefetch "SV_PREFETCH"(const void* address) noexcept nogil
+
 
 def block_size():
     """Elements per summation block (see the module docstring)."""
@@ -88,15 +101,17 @@ def lane_count():
 # ---------------------------------------------------------------------------------------------
 
 cdef inline double _combine_lanes(const double* a) noexcept nogil:
-    """Pairwise tree over 16 lanes, in the documented order (written as loops so it vectorizes)."""
-    cdef double h[8]
-    cdef double g[4]
+    """Pairwise tree over the 8 lanes, in the documented order.  Written as loops: spelled out as
+    one expression, gcc vectorizes it across the blocks of ``_wide_block_sums`` and then keeps
+    that loop's accumulators transposed, which halves its speed."""
+    cdef double h[4]
+    cdef double g[2]
     cdef Py_ssize_t l
-    for l in range(8):
-        h[l] = a[l] + a[l + 8]
     for l in range(4):
-        g[l] = h[l] + h[l + 4]
-    return (g[0] + g[2]) + (g[1] + g[3])
+        h[l] = a[l] + a[l + 4]
+    for l in range(2):
+        g[l] = h[l] + h[l + 2]
+    return g[0] + g[1]
 
 
 cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
@@ -140,6 +155,61 @@ cdef inline uint32_t _max_bits(const uint32_t* xb, Py_ssize_t n, uint32_t m) noe
     return m
 
 
+cdef inline uint32_t _wide_block_sums(const float* x, double* block_sums, uint32_t m) noexcept nogil:
+    """Sums of the WIDE = 4 full blocks of x[0:4 * BLOCK] into block_sums[0:4], each in the
+    documented lane order, and max(m, the largest bit pattern read as uint32).
+
+    Same bits as four calls of ``_block_sum``.  A lane is a chain of dependent float64 adds; the
+    four blocks' lanes are independent, so running them side by side keeps the adder busy, and
+    one step of a block (8 floats) is one vector load converted to one float64 vector.  The
+    validation max rides along on the same loads.
+    """
+    cdef double a0[LANES]
+    cdef double a1[LANES]
+    cdef double a2[LANES]
+    cdef double a3[LANES]
+    cdef uint32_t m0[LANES]
+    cdef uint32_t m1[LANES]
+    cdef uint32_t m2[LANES]
+    cdef uint32_t m3[LANES]
+    cdef const uint32_t* xb = <const uint32_t*> x
+    cdef Py_ssize_t s, j, l
+    for l in range(LANES):
+        a0[l] = 0.0
+        a1[l] = 0.0
+        a2[l] = 0.0
+        a3[l] = 0.0
+        m0[l] = m
+        m1[l] = m
+        m2[l] = m
+        m3[l] = m
+    # hot loop: wide block sums
+    for s in range(STEPS):
+        j = s * LANES
+        for l in range(LANES):
+            a0[l] += <double> x[j + l]
+            a1[l] += <double> x[BLOCK + j + l]
+            a2[l] += <double> x[2 * BLOCK + j + l]
+            a3[l] += <double> x[3 * BLOCK + j + l]
+        # Four blocks read side by side look like four short streams to the hardware
+        # prefetcher, which then stalls on memory; ask for the group after next instead
+        # (two 64-byte lines per step, 64 lines per group).
+        prefetch(x + 2 * WIDE * BLOCK + 4 * j)
+        prefetch(x + 2 * WIDE * BLOCK + 4 * j + 16)
+        for l in range(LANES):
+            m0[l] = max(m0[l], xb[j + l])
+            m1[l] = max(m1[l], xb[BLOCK + j + l])
+            m2[l] = max(m2[l], xb[2 * BLOCK + j + l])
+            m3[l] = max(m3[l], xb[3 * BLOCK + j + l])
+    block_sums[0] = _combine_lanes(a0)
+    block_sums[1] = _combine_lanes(a1)
+    block_sums[2] = _combine_lanes(a2)
+    block_sums[3] = _combine_lanes(a3)
+    for l in range(LANES):
+        m = max(m, max(max(m0[l], m1[l]), max(m2[l], m3[l])))
+    return m
+
+
 cdef double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
                       uint32_t* max_bits) noexcept nogil:
     """Mass of one row in the documented order; block sums written to ``block_sums``.
@@ -148,15 +218,21 @@ cdef double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     max_bits: output, the row's largest bit pattern read as uint32: below FLOAT_INF_BITS iff every
     element is finite and non-negative, -0.0 excepted (see ``_all_valid``).
     """
-    cdef Py_ssize_t start, width, b
+    cdef Py_ssize_t start, width, b = 0, w
     cdef double total = 0.0
     cdef uint32_t m = 0
-    for b in range((n + BLOCK - 1) // BLOCK):
+    while (b + WIDE) * BLOCK <= n:
+        m = _wide_block_sums(x + b * BLOCK, block_sums + b, m)
+        for w in range(WIDE):
+            total += block_sums[b + w]
+        b += WIDE
+    while b * BLOCK < n:
         start = b * BLOCK
         width = min(BLOCK, n - start)
         block_sums[b] = _block_sum(x + start, width)
         m = _max_bits(<const uint32_t*> x + start, width, m)  # the block is in L1 now
         total += block_sums[b]
+        b += 1
     max_bits[0] = m
     return total
 
@@ -164,15 +240,23 @@ cdef double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
 cdef void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_block_sums,
                        double* p_mass, double* q_mass, uint32_t* p_max_bits,
                        uint32_t* q_max_bits) noexcept nogil:
-    """Masses of a target row and a draft row in one pass over both, block by block.
+    """Masses of a target row and a draft row in one pass over both, WIDE blocks at a time.
 
     p, q: [n] float32.  p_block_sums: [ceil(n / BLOCK)] float64 (output, the target's).
     Same order and outputs as ``_row_mass`` for each row.
     """
-    cdef Py_ssize_t start, width, b
+    cdef Py_ssize_t start, width, b = 0, w
     cdef double total_p = 0.0, total_q = 0.0
+    cdef double q_block_sums[WIDE]
     cdef uint32_t mp = 0, mq = 0
-    for b in range((n + BLOCK - 1) // BLOCK):
+    while (b + WIDE) * BLOCK <= n:
+        mp = _wide_block_sums(p + b * BLOCK, p_block_sums + b, mp)
+        mq = _wide_block_sums(q + b * BLOCK, q_block_sums, mq)
+        for w in range(WIDE):
+            total_p += p_block_sums[b + w]
+            total_q += q_block_sums[w]
+        b += WIDE
+    while b * BLOCK < n:
         start = b * BLOCK
         width = min(BLOCK, n - start)
         p_block_sums[b] = _block_sum(p + start, width)
@@ -180,6 +264,7 @@ cdef void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_b
         total_q += _block_sum(q + start, width)
         mp = _max_bits(<const uint32_t*> p + start, width, mp)
         mq = _max_bits(<const uint32_t*> q + start, width, mq)
+        b += 1
     p_mass[0] = total_p
     q_mass[0] = total_q
     p_max_bits[0] = mp
@@ -212,15 +297,52 @@ cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_
     return _combine_lanes(acc)
 
 
+cdef inline void _wide_residual_block_sums(const float* p, const float* q, double mass_ratio,
+                                           double* block_sums) noexcept nogil:
+    """Residual weight sums of the WIDE = 4 full blocks of p, q[0:4 * BLOCK] into block_sums[0:4];
+    same bits as four calls of ``_residual_block_sum`` (side by side as in ``_wide_block_sums``)."""
+    cdef double a0[LANES]
+    cdef double a1[LANES]
+    cdef double a2[LANES]
+    cdef double a3[LANES]
+    cdef Py_ssize_t s, j, l
+    for l in range(LANES):
+        a0[l] = 0.0
+        a1[l] = 0.0
+        a2[l] = 0.0
+        a3[l] = 0.0
+    # hot loop: wide residual block sums
+    for s in range(STEPS):
+        j = s * LANES
+        prefetch(p + 2 * WIDE * BLOCK + 4 * j)  # as in _wide_block_sums
+        prefetch(p + 2 * WIDE * BLOCK + 4 * j + 16)
+        prefetch(q + 2 * WIDE * BLOCK + 4 * j)
+        prefetch(q + 2 * WIDE * BLOCK + 4 * j + 16)
+        for l in range(LANES):
+            a0[l] += _residual_weight(p[j + l], q[j + l], mass_ratio)
+            a1[l] += _residual_weight(p[BLOCK + j + l], q[BLOCK + j + l], mass_ratio)
+            a2[l] += _residual_weight(p[2 * BLOCK + j + l], q[2 * BLOCK + j + l], mass_ratio)
+            a3[l] += _residual_weight(p[3 * BLOCK + j + l], q[3 * BLOCK + j + l], mass_ratio)
+    block_sums[0] = _combine_lanes(a0)
+    block_sums[1] = _combine_lanes(a1)
+    block_sums[2] = _combine_lanes(a2)
+    block_sums[3] = _combine_lanes(a3)
+
+
 cdef double _residual_block_sums(const float* p, const float* q, Py_ssize_t n, double mass_ratio,
                                  double* block_sums) noexcept nogil:
     """Block sums and total of the residual weights of one row pair (documented order)."""
-    cdef Py_ssize_t start, b
+    cdef Py_ssize_t start, b = 0
     cdef double total = 0.0
-    for b in range((n + BLOCK - 1) // BLOCK):
+    while (b + WIDE) * BLOCK <= n:
+        _wide_residual_block_sums(p + b * BLOCK, q + b * BLOCK, mass_ratio, block_sums + b)
+        b += WIDE
+    while b * BLOCK < n:
         start = b * BLOCK
         block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start),
                                             mass_ratio)
+        b += 1
+    for b in range((n + BLOCK - 1) // BLOCK):
         total += block_sums[b]
     return total
 
@@ -487,19 +609,20 @@ cdef object _torch_float32 = None
 cdef object _torch_int64 = None
 cdef object _torch_float64 = None
 cdef object _torch_generator = None
-cdef object _torch_rand = None
+cdef object _torch_empty = None
+cdef object _per_thread = threading.local()  # scratch tensors for drawn uniforms
 
 
 cdef inline bint _torch_seen():
     """Cache torch's types once the caller has imported torch (we never import it here)."""
-    global _tensor, _torch_float32, _torch_int64, _torch_float64, _torch_generator, _torch_rand
+    global _tensor, _torch_float32, _torch_int64, _torch_float64, _torch_generator, _torch_empty
     if _tensor is not None:
         return True
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
     _torch_float32, _torch_int64, _torch_float64 = torch.float32, torch.int64, torch.float64
-    _torch_generator, _torch_rand = torch.Generator, torch.rand
+    _torch_generator, _torch_empty = torch.Generator, torch.empty
     _tensor = torch.Tensor
     return True
 
@@ -597,6 +720,22 @@ cdef int _check_token_range(object tokens, const int64_t* data, Py_ssize_t k, Py
     return 0
 
 
+cdef object _torch_scratch(Py_ssize_t count):
+    """This thread's float64 tensor of ``count`` elements, reused from call to call.
+
+    Filling it with ``uniform_`` draws the same numbers as ``torch.rand(count, dtype=float64)`` and
+    moves the generator the same way, without allocating a tensor per call.  Per thread, because
+    torch releases the GIL while it draws and the kernel runs without it.
+    """
+    cdef dict tensors = getattr(_per_thread, "tensors", None)
+    if tensors is None:
+        tensors = _per_thread.tensors = {}
+    scratch = tensors.get(count)
+    if scratch is None:
+        scratch = tensors[count] = _torch_empty(count, dtype=_torch_float64)
+    return scratch
+
+
 cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const double** data,
                       _Held held):
     """The call's K + 1 uniforms: drawn from the generator in one call, or given explicitly."""
@@ -608,7 +747,7 @@ cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const
             uniforms = generator.random(count)
         elif _torch_seen() and (generator is None or type(generator) is _torch_generator):
             try:
-                uniforms = _torch_rand(count, dtype=_torch_float64, generator=generator)
+                uniforms = _torch_scratch(count).uniform_(generator=generator)
             except RuntimeError:  # e.g. a CUDA generator: let _inputs name the problem
                 uniforms = _inputs.draw_uniforms(generator, count)
         else:

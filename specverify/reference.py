@@ -9,7 +9,7 @@ inputs (the ops validate theirs).
 import numpy as np
 
 BLOCK = 256  # elements per summation block
-LANES = 16  # float64 lanes per block
+LANES = 8  # float64 lanes per block
 
 
 def block_sums(weights):
@@ -24,10 +24,10 @@ def block_sums(weights):
     padded = np.zeros(n_blocks * BLOCK)
     padded[: weights.size] = weights
     lanes = np.cumsum(padded.reshape(n_blocks, BLOCK // LANES, LANES), axis=1)[:, -1, :]
-    h = lanes[:, :8] + lanes[:, 8:]
-    g = h[:, :4] + h[:, 4:]
-    f = g[:, :2] + g[:, 2:]
-    return f[:, 0] + f[:, 1]
+    while lanes.shape[1] > 1:  # pairwise tree: lane l + half folds into lane l
+        half = lanes.shape[1] // 2
+        lanes = lanes[:, :half] + lanes[:, half:]
+    return lanes[:, 0]
 
 
 def ordered_total(sums):

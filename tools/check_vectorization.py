@@ -16,7 +16,9 @@ A hot loop is the first ``for``/``while`` statement after a line holding a ``# h
 4. maps each reported C line back to its ``.pyx`` line through Cython's ``/* "file.pyx":LINE``
    source comments, and marks a hot loop vectorized when some report falls inside it: a loop
    vectorization ("loop vectorized using N byte vectors") or, unless ``--loops-only``, straight-line
-   SLP vectorization of its (fully unrolled) body ("basic block part vectorized").
+   SLP vectorization of its (fully unrolled) body ("basic block part vectorized"). gcc sometimes
+   files the SLP report of a loop whose accumulator arrays it turned into registers under the
+   first statement after the loop, so an SLP report on that one line counts too.
 
 It prints one line per hot loop with the kind of vectorization and the vector widths, and exits 1
 listing the hot loops that were not vectorized (2 if the compiler or Cython fails, or if no hot
@@ -113,6 +115,7 @@ class HotLoop:
     label: str        # text after "# hot loop"
     start: int        # 1-based line of the for/while statement
     stop: int         # last line of its body
+    after: int = 0    # first statement after the loop (where gcc may file the body's SLP report)
     reports: list = field(default_factory=list)
     missed: list = field(default_factory=list)
 
@@ -148,7 +151,9 @@ def find_hot_loops(pyx):
             if len(lines[m]) - len(lines[m].lstrip()) <= indent:
                 break
             stop = m
-        loops.append(HotLoop(str(pyx), label, j + 1, stop + 1))
+        after = next((m + 1 for m in range(stop + 1, len(lines))
+                      if lines[m].strip() and not lines[m].strip().startswith("#")), 0)
+        loops.append(HotLoop(str(pyx), label, j + 1, stop + 1, after))
     return loops
 
 
@@ -209,7 +214,8 @@ def _reports_in_loops(result, line_map, pyx, loops, root):
         if src is None or not _same_source(src[0], target, root):
             continue
         for loop in loops:
-            if loop.start <= src[1] <= loop.stop:
+            slp_after = src[1] == loop.after and "basic block part vectorized" in m.group("msg")
+            if loop.start <= src[1] <= loop.stop or slp_after:
                 yield loop, (f"{m.group('msg')} [pyx line {src[1]}]" if m.group("kind") == "missed"
                              else m.group("msg"))
 

@@ -34,7 +34,7 @@ LOOP_RE = re.compile(r"^(\s*)(for|while)\b")
 MARKER_RE = re.compile(r'^\s*/\* "([^"]+)":(\d+)\s*$')
 OPTINFO_RE = re.compile(r"^(.*?):(\d+):(\d+): optimized: (.*)$")
 VEC16_RE = re.compile(r"loop vectorized using 16 byte vectors")
-VEC_ANY_RE = re.compile(r"loop vectorized using (\d+) byte vectors")
+VEC_ANY_RE = re.compile(r"(?:loop|basic block part) vectorized using (\d+) byte vectors")
 # objdump -d -l output
 OBJ_FUNC_RE = re.compile(r"^[0-9a-f]+ <([^>]+)>:\s*$")
 OBJ_LINE_RE = re.compile(r"^(/?[^\s:]+\.c):(\d+)(?: \(discriminator \d+\))?\s*$")
@@ -53,6 +53,8 @@ class Region:
     function: str        # enclosing function name
     first: int           # first .pyx line (the def/for/while line), 1-based
     last: int            # last .pyx line of the block
+    after: int = 0       # first statement after a loop: gcc may file the SLP report of a loop
+                         # body whose accumulator arrays became registers there
     vec_lines: dict = field(default_factory=dict)   # pyx line -> set of vector byte sizes
     simd_insns: dict = field(default_factory=dict)  # "mnemonic .arr" -> count
     simd_symbols: set = field(default_factory=set)
@@ -126,7 +128,9 @@ def find_hot_regions(pyx_text: str) -> list[Region]:
             if f and _indent(lines[k]) < _indent(head):
                 func = f.group(2)
                 break
-        regions.append(Region(label or f"{func}@{j + 1}", func, j + 1, last + 1))
+        after = next((k + 1 for k in range(last + 1, len(lines))
+                      if lines[k].strip() and not lines[k].lstrip().startswith("#")), 0)
+        regions.append(Region(label or f"{func}@{j + 1}", func, j + 1, last + 1, after=after))
     return regions
 
 
@@ -170,7 +174,8 @@ def apply_optinfo(regions: list[Region], optinfo_text: str, cmap: dict[int, int]
             continue
         hit = False
         for r in regions:
-            if r.contains(pyx_line):
+            slp_after = pyx_line == r.after and "basic block part vectorized" in m.group(4)
+            if r.contains(pyx_line) or slp_after:
                 r.vec_lines.setdefault(pyx_line, set()).add(int(v.group(1)))
                 hit = True
         if not hit:
