@@ -237,40 +237,6 @@ cdef double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     return total
 
 
-cdef void _pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_block_sums,
-                       double* p_mass, double* q_mass, uint32_t* p_max_bits,
-                       uint32_t* q_max_bits) noexcept nogil:
-    """Masses of a target row and a draft row in one pass over both, WIDE blocks at a time.
-
-    p, q: [n] float32.  p_block_sums: [ceil(n / BLOCK)] float64 (output, the target's).
-    Same order and outputs as ``_row_mass`` for each row.
-    """
-    cdef Py_ssize_t start, width, b = 0, w
-    cdef double total_p = 0.0, total_q = 0.0
-    cdef double q_block_sums[WIDE]
-    cdef uint32_t mp = 0, mq = 0
-    while (b + WIDE) * BLOCK <= n:
-        mp = _wide_block_sums(p + b * BLOCK, p_block_sums + b, mp)
-        mq = _wide_block_sums(q + b * BLOCK, q_block_sums, mq)
-        for w in range(WIDE):
-            total_p += p_block_sums[b + w]
-            total_q += q_block_sums[w]
-        b += WIDE
-    while b * BLOCK < n:
-        start = b * BLOCK
-        width = min(BLOCK, n - start)
-        p_block_sums[b] = _block_sum(p + start, width)
-        total_p += p_block_sums[b]
-        total_q += _block_sum(q + start, width)
-        mp = _max_bits(<const uint32_t*> p + start, width, mp)
-        mq = _max_bits(<const uint32_t*> q + start, width, mq)
-        b += 1
-    p_mass[0] = total_p
-    q_mass[0] = total_q
-    p_max_bits[0] = mp
-    q_max_bits[0] = mq
-
-
 cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcept nogil:
     """Unnormalized residual max(0, p/P - q/Q) * P = max(0, p - q * (P/Q)), in float64.
 
@@ -528,10 +494,11 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
     for i in range(k + 1):
         p = target + i * target_stride
         q = draft + i * draft_stride if draft != NULL and i < k else NULL
+        p_mass = _row_mass(p, v, target_blocks, &p_bits)
         if q != NULL:
-            _pair_masses(p, q, v, target_blocks, &p_mass, &q_mass, &p_bits, &q_bits)
+            # residual_blocks is free until a rejection: scratch for the draft's block sums
+            q_mass = _row_mass(q, v, residual_blocks, &q_bits)
         else:
-            p_mass = _row_mass(p, v, target_blocks, &p_bits)
             q_mass = 1.0
             q_bits = 0
         bad_row[0] = i
