@@ -46,6 +46,7 @@ def float_rows(x, name, *, rows=None, cols=None):
             raise ValueError(f"{name} must be 2-D [rows, V], got shape {_shape_text(x.shape)}")
         if x.requires_grad:
             x = x.detach()
+        x = x.resolve_neg()  # a lazily negated view: its memory does not hold its values
         if x.dtype != torch.float32:
             x = x.to(torch.float32)
         if x.shape[1] > 1 and x.stride(1) != 1:
@@ -90,8 +91,8 @@ def tokens_int64(tokens, name="draft_tokens"):
             raise TypeError(f"{name} must hold integer token ids, got {tokens.dtype}")
         if tokens.dim() != 1:
             raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
-        if tokens.dtype != torch.int64 or not tokens.is_contiguous():
-            tokens = tokens.to(torch.int64).contiguous()
+        if tokens.dtype != torch.int64 or not tokens.is_contiguous() or tokens.is_neg():
+            tokens = tokens.to(torch.int64).resolve_neg().contiguous()
         return tokens
     if not isinstance(tokens, np.ndarray):
         try:

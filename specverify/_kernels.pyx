@@ -23,7 +23,9 @@ they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
 """
 
 from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
-from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+from cpython.exc cimport PyErr_Clear
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp
 
@@ -557,10 +559,75 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
 
 # ---------------------------------------------------------------------------------------------
 # Entry points.  The common case (float32 ndarray or CPU tensor with unit inner stride, int64
-# tokens, a numpy or torch generator) is recognized here in a few attribute reads; everything
-# else goes through specverify._inputs, which validates with messages that name the argument
-# and converts, and whose result then takes the same road.  One mechanism, no copy unless needed.
+# tokens, a numpy or torch generator) is recognized here from C descriptions of the arguments
+# (the buffer protocol for ndarrays, DLPack for tensors); everything else goes through
+# specverify._inputs, which validates with messages that name the argument and converts, and
+# whose result then takes the same road.  One mechanism, no copy unless needed.
 # ---------------------------------------------------------------------------------------------
+
+# DLPack's C description of a tensor (the layout of dlpack.h, which torch ships; only the fields
+# read here are named).  A tensor attribute costs ~50-90 ns through Python; DLPack gives them all
+# in one C call.
+cdef extern from *:
+    """
+    typedef struct { int32_t device_type; int32_t device_id; } sv_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } sv_DLDataType;
+    typedef struct {
+        void* data; sv_DLDevice device; int32_t ndim; sv_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } sv_DLTensor;
+    typedef struct {
+        sv_DLTensor dl_tensor; void* manager_ctx; void (*deleter)(void* self);
+    } sv_DLManagedTensor;
+    typedef int (*sv_DLTensorFromPyObject)(void* py_object, sv_DLTensor* out);
+    typedef struct {
+        uint32_t major; uint32_t minor; void* prev_api;
+        void* managed_tensor_allocator; void* managed_tensor_from_py_object_no_sync;
+        void* managed_tensor_to_py_object_no_sync;
+        sv_DLTensorFromPyObject dltensor_from_py_object_no_sync;
+        void* current_work_stream;
+    } sv_DLPackExchangeAPI;
+    #define SV_DLPACK_CPU 1
+    #define SV_DLPACK_CUDA_HOST 3
+    #define SV_DLPACK_INT 0
+    #define SV_DLPACK_FLOAT 2
+    """
+    ctypedef struct DLDevice "sv_DLDevice":
+        int32_t device_type
+    ctypedef struct DLDataType "sv_DLDataType":
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct DLTensor "sv_DLTensor":
+        void* data
+        DLDevice device
+        int32_t ndim
+        DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        uint64_t byte_offset
+    ctypedef struct DLManagedTensor "sv_DLManagedTensor":
+        DLTensor dl_tensor
+    ctypedef int (*DLTensorFromPyObject "sv_DLTensorFromPyObject")(void* py_object, DLTensor* out)
+    ctypedef struct DLPackExchangeAPI "sv_DLPackExchangeAPI":
+        uint32_t major
+        DLTensorFromPyObject dltensor_from_py_object_no_sync
+    enum:
+        DLPACK_CPU "SV_DLPACK_CPU"
+        DLPACK_CUDA_HOST "SV_DLPACK_CUDA_HOST"
+        DLPACK_INT "SV_DLPACK_INT"
+        DLPACK_FLOAT "SV_DLPACK_FLOAT"
+
+
+# What the readers need of a tensor of rank <= 2 (shape and strides in elements).
+cdef struct TensorView:
+    const char* data
+    int ndim
+    uint8_t code       # DLPack dtype code: DLPACK_INT, DLPACK_FLOAT, ...
+    uint8_t bits
+    Py_ssize_t shape[2]
+    Py_ssize_t strides[2]
+
 
 cdef struct Rows:
     const char* data
@@ -571,27 +638,91 @@ cdef struct Rows:
 
 cdef object _ndarray = np.ndarray
 cdef object _numpy_generator = np.random.Generator
-cdef object _tensor = None  # torch.Tensor, torch.float32, ... once the caller has imported torch
-cdef object _torch_float32 = None
-cdef object _torch_int64 = None
+cdef object _tensor = None  # torch.Tensor, torch.float64, ... once the caller has imported torch
 cdef object _torch_float64 = None
 cdef object _torch_generator = None
 cdef object _torch_empty = None
+cdef object _to_dlpack = None  # torch.utils.dlpack.to_dlpack, where the exchange API is missing
+cdef DLTensorFromPyObject _dltensor_from_tensor = NULL  # torch's DLPack exchange API (torch >= 2.10)
 cdef object _per_thread = threading.local()  # scratch tensors for drawn uniforms
 
 
 cdef inline bint _torch_seen():
     """Cache torch's types once the caller has imported torch (we never import it here)."""
-    global _tensor, _torch_float32, _torch_int64, _torch_float64, _torch_generator, _torch_empty
+    global _tensor, _torch_float64, _torch_generator, _torch_empty
+    global _to_dlpack, _dltensor_from_tensor
     if _tensor is not None:
         return True
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
-    _torch_float32, _torch_int64, _torch_float64 = torch.float32, torch.int64, torch.float64
+    _torch_float64 = torch.float64
     _torch_generator, _torch_empty = torch.Generator, torch.empty
     _tensor = torch.Tensor
+    _dltensor_from_tensor = _exchange_api_reader()
+    if _dltensor_from_tensor == NULL:
+        from torch.utils.dlpack import to_dlpack as _to_dlpack
     return True
+
+
+def _tensor_route(route=None):
+    """Which DLPack producer describes tensors: "exchange" (torch's C exchange API, no allocation)
+    or "capsule" (torch.utils.dlpack.to_dlpack, every torch version).  With ``route`` given, use
+    that one from now on (tests run both).  None until torch has been seen."""
+    global _to_dlpack, _dltensor_from_tensor
+    if not _torch_seen():
+        return None
+    if route == "capsule":
+        from torch.utils.dlpack import to_dlpack as _to_dlpack
+        _dltensor_from_tensor = NULL
+    elif route == "exchange":
+        _dltensor_from_tensor = _exchange_api_reader()
+        if _dltensor_from_tensor == NULL:
+            raise RuntimeError("this torch has no DLPack exchange API")
+    elif route is not None:
+        raise ValueError(f"route must be 'exchange' or 'capsule', got {route!r}")
+    return "exchange" if _dltensor_from_tensor != NULL else "capsule"
+
+
+cdef DLTensorFromPyObject _exchange_api_reader():
+    """torch's dltensor_from_py_object_no_sync (DLPack 1.x exchange API), or NULL."""
+    cdef DLPackExchangeAPI* api
+    capsule = getattr(_tensor, "__dlpack_c_exchange_api__", None)
+    if capsule is None or not PyCapsule_IsValid(capsule, b"dlpack_exchange_api"):
+        return NULL
+    api = <DLPackExchangeAPI*> PyCapsule_GetPointer(capsule, b"dlpack_exchange_api")
+    return api.dltensor_from_py_object_no_sync if api.major == 1 else NULL
+
+
+cdef bint _copy_view(const DLTensor* t, TensorView* out) noexcept:
+    cdef int i
+    if t.ndim > 2 or t.dtype.lanes != 1 or not (t.device.device_type == DLPACK_CPU
+                                                or t.device.device_type == DLPACK_CUDA_HOST):
+        return False
+    out.data = <const char*> t.data + t.byte_offset
+    out.ndim, out.code, out.bits = t.ndim, t.dtype.code, t.dtype.bits
+    for i in range(t.ndim):
+        out.shape[i], out.strides[i] = t.shape[i], t.strides[i]
+    return True
+
+
+cdef bint _view_tensor(object x, TensorView* out) except -1:
+    """Describe x, a torch.Tensor, if it is a CPU tensor of rank <= 2 whose memory holds its
+    values as they read (no lazy negation: torch exports a negative view's memory as it is)."""
+    cdef DLTensor described
+    cdef bint ok
+    if _dltensor_from_tensor != NULL:
+        if _dltensor_from_tensor(<void*> x, &described) != 0:
+            PyErr_Clear()  # e.g. a meta tensor: _inputs names the problem
+            return False
+        ok = _copy_view(&described, out)
+    else:
+        try:
+            capsule = _to_dlpack(x)
+        except Exception:
+            return False
+        ok = _copy_view(&(<DLManagedTensor*> PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor, out)
+    return ok and not x.is_neg()
 
 
 cdef class _Held:
@@ -608,6 +739,7 @@ cdef class _Held:
 cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
     """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor with unit inner stride."""
     cdef Py_buffer* view
+    cdef TensorView tensor
     if type(x) is _ndarray and held.count < 8:
         view = &held.views[held.count]
         if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
@@ -620,13 +752,11 @@ cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
         out.stride = view.strides[0] // 4
         return True
     if _tensor is not None and type(x) is _tensor:
-        if x.dtype is not _torch_float32 or not x.is_cpu or x.dim() != 2:
+        if (not _view_tensor(x, &tensor) or tensor.ndim != 2 or tensor.code != DLPACK_FLOAT
+                or tensor.bits != 32 or (tensor.shape[1] > 1 and tensor.strides[1] != 1)):
             return False
-        shape, strides = x.shape, x.stride()
-        if shape[1] > 1 and strides[1] != 1:
-            return False
-        out.data = <const char*> <uintptr_t> x.data_ptr()
-        out.rows, out.cols, out.stride = shape[0], shape[1], strides[0]
+        out.data, out.rows, out.cols = tensor.data, tensor.shape[0], tensor.shape[1]
+        out.stride = tensor.strides[0]
         return True
     return False
 
@@ -645,6 +775,7 @@ cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** da
                        _Held held) except -1:
     """1-D contiguous ndarray or CPU tensor of int64 (kind 'i') or float64 (kind 'f')."""
     cdef Py_buffer* view
+    cdef TensorView tensor
     if type(x) is _ndarray and held.count < 8:
         view = &held.views[held.count]
         if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
@@ -661,10 +792,11 @@ cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** da
         data[0], n[0] = <const char*> view.buf, view.shape[0]
         return True
     if _tensor is not None and type(x) is _tensor:
-        if (x.dtype is not (_torch_int64 if kind == b'i' else _torch_float64) or not x.is_cpu
-                or x.dim() != 1 or not x.is_contiguous()):
+        if (not _view_tensor(x, &tensor) or tensor.ndim != 1 or tensor.bits != 8 * itemsize
+                or tensor.code != (DLPACK_INT if kind == b'i' else DLPACK_FLOAT)
+                or (tensor.shape[0] > 1 and tensor.strides[0] != 1)):
             return False
-        data[0], n[0] = <const char*> <uintptr_t> x.data_ptr(), x.shape[0]
+        data[0], n[0] = tensor.data, tensor.shape[0]
         return True
     return False
 
@@ -687,19 +819,33 @@ cdef int _check_token_range(object tokens, const int64_t* data, Py_ssize_t k, Py
     return 0
 
 
-cdef object _torch_scratch(Py_ssize_t count):
+cdef class _Scratch:
+    """A float64 tensor the module owns, with its address read once."""
+    cdef object tensor
+    cdef const double* data
+
+
+cdef _Scratch _torch_scratch(Py_ssize_t count):
     """This thread's float64 tensor of ``count`` elements, reused from call to call.
 
     Filling it with ``uniform_`` draws the same numbers as ``torch.rand(count, dtype=float64)`` and
     moves the generator the same way, without allocating a tensor per call.  Per thread, because
     torch releases the GIL while it draws and the kernel runs without it.
     """
-    cdef dict tensors = getattr(_per_thread, "tensors", None)
-    if tensors is None:
-        tensors = _per_thread.tensors = {}
-    scratch = tensors.get(count)
+    cdef dict scratches = getattr(_per_thread, "scratches", None)
+    cdef _Scratch scratch
+    cdef const char* raw
+    cdef Py_ssize_t n
+    if scratches is None:
+        scratches = _per_thread.scratches = {}
+    scratch = scratches.get(count)
     if scratch is None:
-        scratch = tensors[count] = _torch_empty(count, dtype=_torch_float64)
+        scratch = _Scratch()
+        scratch.tensor = _torch_empty(count, dtype=_torch_float64)
+        if not _read_vector(scratch.tensor, b'f', 8, &raw, &n, _Held()):
+            raise AssertionError("torch.empty produced an unreadable tensor")
+        scratch.data = <const double*> raw
+        scratches[count] = scratch
     return scratch
 
 
@@ -709,14 +855,19 @@ cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const
     cdef const char* raw
     cdef Py_ssize_t n, i
     cdef const double* u
+    cdef _Scratch scratch
     if uniforms is None:
         if type(generator) is _numpy_generator:
             uniforms = generator.random(count)
         elif _torch_seen() and (generator is None or type(generator) is _torch_generator):
+            scratch = _torch_scratch(count)
             try:
-                uniforms = _torch_scratch(count).uniform_(generator=generator)
+                scratch.tensor.uniform_(generator=generator)
             except RuntimeError:  # e.g. a CUDA generator: let _inputs name the problem
                 uniforms = _inputs.draw_uniforms(generator, count)
+            else:
+                data[0] = scratch.data
+                return scratch.tensor
         else:
             uniforms = _inputs.draw_uniforms(generator, count)  # raises the right TypeError
         if not _read_vector(uniforms, b'f', 8, &raw, &n, held):

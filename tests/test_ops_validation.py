@@ -159,8 +159,23 @@ def test_dtypes_and_layouts_are_converted_not_misread(rng):
     assert type(n) is int and type(tok) is int
 
 
-def test_torch_inputs_match_numpy_and_are_validated():
-    torch = pytest.importorskip("torch")
+@pytest.fixture(params=["exchange", "capsule"])
+def tensor_route(request):
+    """Run a test with each DLPack producer the kernels can describe tensors with."""
+    pytest.importorskip("torch")
+    from specverify import _kernels
+
+    before = _kernels._tensor_route()
+    if request.param == "exchange" and before != "exchange":
+        pytest.skip("this torch has no DLPack exchange API")
+    _kernels._tensor_route(request.param)
+    yield request.param
+    _kernels._tensor_route(before)
+
+
+def test_torch_inputs_match_numpy_and_are_validated(tensor_route):
+    import torch
+
     t, d, k = good()
     u = np.full(K + 1, 0.61)
     want = sv.accept_from_uniforms(t, d, k, u)
@@ -180,6 +195,20 @@ def test_torch_inputs_match_numpy_and_are_validated():
         sv.verify_greedy(tt.detach(), torch.tensor([99, 1, 2]))
     with pytest.raises(ValueError, match=r"target_probs\[0\] contains NaN"):
         sv.accept(torch.full((1, 4), float("nan")), None, torch.zeros(0, dtype=torch.long))
+    # Views that start inside their storage (row and column offsets), read in place.
+    wide = torch.zeros(K + 2, V + 3)
+    wide[1:, 2:2 + V] = tt.detach()
+    assert sv.accept_from_uniforms(wide[1:, 2:2 + V], dt, kt, u) == want
+    assert sv.verify_greedy(wide[1:, 2:2 + V], kt) == sv.verify_greedy(t, k)
+    # Lazily negated views (their memory holds the values' negatives) are read as their values.
+    negated = torch._neg_view(tt.detach())
+    assert sv.verify_greedy(negated, kt) == sv.verify_greedy(-t, k)
+    with pytest.raises(ValueError, match=r"target_probs\[0\] contains a negative value"):
+        sv.accept_from_uniforms(negated, dt, kt, u)
+    with pytest.raises(IndexError, match=r"draft_tokens\[1\] = -2"):
+        sv.verify_greedy(tt.detach(), torch._neg_view(torch.tensor([0, 2, 1])))
+    with pytest.raises(ValueError, match="target_probs must be a CPU tensor"):
+        sv.verify_greedy(torch.empty(K + 1, V, device="meta"), kt)
 
 
 BAD_INPUT_SCRIPT = textwrap.dedent(
