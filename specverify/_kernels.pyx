@@ -25,7 +25,7 @@ they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
 from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport strcmp
 
@@ -42,6 +42,7 @@ cdef enum:
     STEPS = BLOCK // LANES
     WIDE = 4            # full blocks summed side by side (see _wide_block_sums)
     ARGMAX_BLOCK = 512  # argmax blocks: no summation order to keep, so larger (fewer reductions)
+    CACHE_LINE = 64
 
 # Status codes returned by the kernels.  Positive codes come with the offending row index.
 cdef enum:
@@ -412,10 +413,13 @@ cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept 
     cdef const int32_t* xi = <const int32_t*> x
     cdef const uint32_t* xu = <const uint32_t*> x
     cdef int32_t hi, lo, best_hi = -0x7FFFFFFF - 1, best_lo = 0x7FFFFFFF, wanted
-    cdef Py_ssize_t b, start, stop, j, hi_start = 0, lo_start = 0, best_start
-    for b in range((n + ARGMAX_BLOCK - 1) // ARGMAX_BLOCK):
-        start = b * ARGMAX_BLOCK
-        stop = min(start + ARGMAX_BLOCK, n)
+    cdef Py_ssize_t start = 0, stop, j, hi_start = 0, lo_start = 0, best_start
+    # Blocks start on 64-byte boundaries: a first, short block runs up to the first boundary.
+    # (Rows from NumPy often start 16 bytes past one; every wide load then straddles two cache
+    # lines, which costs a third of the speed from L2 and L3.)
+    stop = ((CACHE_LINE - <uintptr_t> x % CACHE_LINE) % CACHE_LINE) // 4 or ARGMAX_BLOCK
+    while start < n:
+        stop = min(stop, n)
         hi, lo = -0x7FFFFFFF - 1, 0x7FFFFFFF
         # hot loop: blocked argmax
         for j in range(start, stop):
@@ -425,6 +429,7 @@ cdef Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) noexcept 
             best_hi, hi_start = hi, start
         if lo < best_lo:
             best_lo, lo_start = lo, start
+        start, stop = stop, stop + ARGMAX_BLOCK
     if best_hi >= <int32_t> FLOAT_INF_BITS or best_lo < _shifted(0u):  # +Inf or a NaN
         status[0] = BAD_SCORES
         return -1

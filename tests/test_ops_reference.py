@@ -53,6 +53,24 @@ def test_greedy_ties_break_to_lowest_index():
     assert sv.verify_greedy(scores[:1], []) == (0, 1)
 
 
+def test_greedy_argmax_at_every_row_alignment():
+    # The argmax kernel starts its blocks at 64-byte boundaries; rows can start anywhere. Place
+    # the maximum (and a tie after it) around the block boundaries, for every start in a line.
+    buffer = np.zeros(1200 + 16, dtype=np.float32)
+    for offset in range(16):
+        for v in (1, 5, 16, 17, 511, 1200):
+            row = buffer[offset:offset + v]
+            for first in sorted({0, 1, 15 - offset, 16 - offset, 527 - offset, 528 - offset, v - 1}):
+                if not 0 <= first < v:
+                    continue
+                for sign in (1.0, -1.0):  # positive maximum; all negative (log-probabilities)
+                    row[:] = sign * np.linspace(1.0, 2.0, v, dtype=np.float32)[::-1 if sign < 0 else 1] * 0.5
+                    row[first] = sign * 0.25 if sign < 0 else 4.0
+                    row[v - 1 - (v - 1 - first) // 2] = row[first]  # a tie at or after it
+                    scores = row[None, :]
+                    assert sv.verify_greedy(scores, []) == (0, first) == (0, int(np.argmax(scores)))
+
+
 def test_greedy_reads_no_row_after_the_first_miss():
     scores = np.zeros((3, 5), dtype=np.float32)
     scores[0, 2] = 1.0
