@@ -655,7 +655,6 @@ cdef object _per_thread = threading.local()  # scratch tensors for drawn uniform
 cdef inline bint _torch_seen():
     """Cache torch's types once the caller has imported torch (we never import it here)."""
     global _tensor, _torch_float64, _torch_generator, _torch_empty
-    global _to_dlpack, _dltensor_from_tensor
     if _tensor is not None:
         return True
     torch = sys.modules.get("torch")
@@ -664,9 +663,7 @@ cdef inline bint _torch_seen():
     _torch_float64 = torch.float64
     _torch_generator, _torch_empty = torch.Generator, torch.empty
     _tensor = torch.Tensor
-    _dltensor_from_tensor = _exchange_api_reader()
-    if _dltensor_from_tensor == NULL:
-        from torch.utils.dlpack import to_dlpack as _to_dlpack
+    _tensor_route("exchange" if _exchange_api_reader() != NULL else "capsule")
     return True
 
 
@@ -707,7 +704,10 @@ cdef bint _copy_view(const DLTensor* t, TensorView* out) noexcept:
     out.data = <const char*> t.data + t.byte_offset
     out.ndim, out.code, out.bits = t.ndim, t.dtype.code, t.dtype.bits
     for i in range(t.ndim):
-        out.shape[i], out.strides[i] = t.shape[i], t.strides[i]
+        out.shape[i] = t.shape[i]
+    for i in reversed(range(t.ndim)):  # NULL strides (DLPack < 1.2): compact row-major
+        out.strides[i] = (t.strides[i] if t.strides != NULL
+                          else 1 if i == t.ndim - 1 else out.strides[i + 1] * out.shape[i + 1])
     return True
 
 
