@@ -63,9 +63,10 @@ def test_greedy_argmax_at_every_row_alignment():
             for first in sorted({0, 1, 15 - offset, 16 - offset, 527 - offset, 528 - offset, v - 1}):
                 if not 0 <= first < v:
                     continue
-                for sign in (1.0, -1.0):  # positive maximum; all negative (log-probabilities)
-                    row[:] = sign * np.linspace(1.0, 2.0, v, dtype=np.float32)[::-1 if sign < 0 else 1] * 0.5
-                    row[first] = sign * 0.25 if sign < 0 else 4.0
+                ramp = np.linspace(0.5, 1.0, v, dtype=np.float32)
+                for negative in (False, True):  # log-probabilities: the maximum is the smallest magnitude
+                    row[:] = -ramp[::-1] if negative else ramp
+                    row[first] = -0.25 if negative else 4.0
                     row[v - 1 - (v - 1 - first) // 2] = row[first]  # a tie at or after it
                     scores = row[None, :]
                     assert sv.verify_greedy(scores, []) == (0, first) == (0, int(np.argmax(scores)))
