@@ -85,7 +85,11 @@ def sample_and_match(target_probs, draft_tokens, parents, u, *, conditioned=True
 def private_accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None, *, replacement=False,
                         **broken):
     assert draft_probs is None and not replacement, "the private verifier covers deterministic children only"
-    u = generator.random(len(np.asarray(draft_tokens)) + 1)
+    count = len(np.asarray(draft_tokens)) + 1
+    if isinstance(generator, torch.Generator):
+        u = torch.rand(count, generator=generator, dtype=torch.float64).numpy()
+    else:
+        u = generator.random(count)
     return sample_and_match(target_probs, draft_tokens, parents, u, **broken)
 
 

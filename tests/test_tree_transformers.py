@@ -18,7 +18,9 @@ import specverify as sv  # noqa: E402
 from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import (  # noqa: E402
     CachedCausalLM,
+    CausalLMTreeDraft,
     PromptLookupTreeDraft,
+    early_exit,
     speculative_callbacks,
 )
 from specverify.tree_drafts import path_to  # noqa: E402
@@ -87,6 +89,21 @@ def test_cache_after_compaction_equals_plain_prefix_plus_path(tiny, accepted_lea
         torch.testing.assert_close(ours.values, ref.values, rtol=1e-4, atol=1e-5)
 
 
+def test_growing_a_tree_feeds_only_new_nodes(tiny):
+    g = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, VOCAB, (12,), generator=g)
+    tokens = torch.randint(0, VOCAB, (len(PARENTS),), generator=g)
+    parents = torch.tensor(PARENTS)
+    whole = CachedCausalLM(tiny).tree_logits(prefix, tokens, parents)
+    lm = CachedCausalLM(tiny)
+    for n in (0, 3, 3, 7, len(PARENTS)):  # grow level by level (3 twice: nothing new to feed)
+        rows = lm.tree_logits(prefix, tokens[:n], parents[:n])
+        torch.testing.assert_close(rows, whole[: n + 1], rtol=1e-4, atol=1e-4)
+    assert lm.forward_calls == 4 and lm.forward_tokens == prefix.numel() + len(PARENTS)
+    lm.logits(torch.cat([prefix, tokens[path_to(PARENTS, 7)]]), 1)  # compaction after growth
+    assert lm.reused_tree == 3
+
+
 def test_compact_rejects_a_non_path(tiny):
     lm = CachedCausalLM(tiny)
     lm.tree_logits(torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6]), torch.tensor([-1, -1, 0]))
@@ -118,10 +135,34 @@ def test_tiny_greedy_with_trees_equals_generate(tiny, budget):
     motif = torch.randint(0, VOCAB, (6,), generator=g)
     prompt = torch.cat([motif, torch.randint(0, VOCAB, (4,), generator=g), motif[:3]])  # something to copy
     ref = tiny.generate(prompt[None], max_new_tokens=30, do_sample=False, pad_token_id=0)[0]
-    draft_step, target_step = speculative_callbacks(tiny, "prompt_lookup_tree", greedy=True, node_budget=budget)
+    draft_step, target_step = speculative_callbacks(tiny, "prompt_lookup", tree=True, greedy=True, node_budget=budget)
     dec = sv.SpeculativeDecoder(draft_step, target_step, k=4, greedy=True)
     assert dec.generate(prompt, 30).tolist() == ref.tolist()
     assert dec.stats.tree_rounds > 0 and target_step.lm.forward_calls == dec.stats.rounds
+
+
+def test_model_tree_draft_reranks_by_path_probability(tiny):
+    draft = CausalLMTreeDraft(early_exit(tiny, 2), node_budget=6, top_k=3, beam=2)
+    prefix = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(5))
+    tree = draft(prefix, 3)
+    assert tree.n_nodes == 6 and tree.probs is None and tree.depth() <= 3
+    with torch.inference_mode():  # the kept nodes' path probabilities beat every dropped root child's
+        logp = torch.log_softmax(early_exit(tiny, 2)(input_ids=prefix[None]).logits[0, -1], -1)
+    roots = tree.tokens[tree.parents == -1]
+    assert torch.equal(roots, torch.topk(logp, roots.numel()).indices)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_tiny_model_tree_draft_decodes(tiny, greedy):
+    prompt = torch.randint(0, VOCAB, (8,), generator=torch.Generator().manual_seed(6))
+    draft_step, target_step = speculative_callbacks(tiny, early_exit(tiny, 2), tree=True, greedy=greedy,
+                                                    node_budget=8)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=3, greedy=greedy, generator=torch.Generator().manual_seed(0))
+    out = dec.generate(prompt, 20)
+    if greedy:
+        ref = tiny.generate(prompt[None], max_new_tokens=20, do_sample=False, pad_token_id=0)[0]
+        assert out.tolist() == ref.tolist()
+    assert out.numel() == 28 and dec.stats.tree_rounds > 0 and max(dec.stats.drafted) == 8
 
 
 # -- SmolLM2-135M -------------------------------------------------------------------------------
@@ -134,7 +175,7 @@ def test_smollm2_greedy_with_trees_equals_generate():
     prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                      return_tensors="pt", return_dict=True)["input_ids"][0]
     ref = model.generate(prompt[None], max_new_tokens=24, do_sample=False)[0]
-    draft_step, target_step = speculative_callbacks(model, "prompt_lookup_tree", greedy=True, node_budget=16)
+    draft_step, target_step = speculative_callbacks(model, "prompt_lookup", tree=True, greedy=True, node_budget=16)
     dec = sv.SpeculativeDecoder(draft_step, target_step, k=6, greedy=True, eos_token_id=tok.eos_token_id)
     assert dec.generate(prompt, 24).tolist() == ref.tolist()
     assert dec.stats.tokens_per_round > 1.5, dec.stats.summary()

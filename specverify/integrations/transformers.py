@@ -44,7 +44,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..tree_drafts import Trie, ancestor_mask, check_parents, depths, path_to
+from ..tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
 
 __all__ = [
     "warp",
@@ -54,6 +54,7 @@ __all__ = [
     "CausalLMDraft",
     "PromptLookupDraft",
     "PromptLookupTreeDraft",
+    "CausalLMTreeDraft",
     "early_exit",
     "speculative_callbacks",
 ]
@@ -163,7 +164,7 @@ class CachedCausalLM:
         """Forget the cache (the next call feeds its whole sequence)."""
         self.cache = None
         self.tokens = torch.empty(0, dtype=torch.int64)  # [cached] committed tokens the cache holds, in order
-        self.tree = None  # (tokens [N], parents [N]) whose entries follow self.tokens in the cache
+        self.tree = None  # (tokens [N], parents [N], rows [N + 1, V]): a scored tree whose entries follow self.tokens
         self.forward_calls = 0
         self.forward_tokens = 0
         self.rolled_back = 0
@@ -197,7 +198,7 @@ class CachedCausalLM:
         """
         if self.tree is None:
             raise RuntimeError("compact() needs a tree scored by tree_logits()")
-        tree_tokens, parents = self.tree
+        tree_tokens, parents, _ = self.tree
         path = _as_tokens(path)
         expected = torch.tensor(path_to(parents.tolist(), int(path[-1])) if path.numel() else [], dtype=torch.int64)
         if not torch.equal(path, expected):
@@ -216,7 +217,7 @@ class CachedCausalLM:
 
     def _settle_tree(self, seq: torch.Tensor) -> None:
         """Resolve a pending tree against the sequence now asked about: keep the path ``seq`` follows."""
-        tree_tokens, parents = self.tree
+        tree_tokens, parents, _ = self.tree
         base = self.tokens.numel()
         path = []
         if _common_prefix(self.tokens, seq) == base:
@@ -279,7 +280,10 @@ class CachedCausalLM:
         token after ``prefix``, row ``i + 1`` the token after ``prefix`` + node ``i``'s path. The
         fed block is ``prefix[keep:]`` (at least its last token) followed by the ``N`` nodes;
         its mask lets the prefix tokens attend causally and each node attend to the whole prefix,
-        its ancestors and itself; node ``i`` sits at position ``L - 1 + depth(i)``.
+        its ancestors and itself; node ``i`` sits at position ``L - 1 + depth(i)``. When the tree
+        extends the one scored last after the same prefix (its first nodes are that tree's), only the
+        new nodes are fed and the earlier rows are reused: a draft grows its tree level by level at
+        the cost of the new nodes only.
         """
         _check_tree_attention(self.model)
         prefix, tokens, parents = _as_tokens(prefix), _as_tokens(tokens), _as_tokens(parents)
@@ -289,21 +293,39 @@ class CachedCausalLM:
         if parents.numel() != n_nodes:
             raise ValueError(f"tokens [{n_nodes}] and parents [{parents.numel()}] differ in length")
         check_parents(parents)
-        keep = self._sync(prefix, length - 1)
-        fresh = length - keep  # >= 1: the root's row comes from feeding the last prefix token
-        allowed = torch.zeros(fresh + n_nodes, keep + fresh + n_nodes, dtype=torch.bool)  # [q, kv]
+        grown = self._grown_tree(prefix, tokens, parents)
+        if grown:  # the pending tree's nodes come first: feed only the new ones (a draft growing its tree)
+            old, keep, old_rows = self.tree[0].numel(), length, self.tree[2]
+            if old == n_nodes:
+                return old_rows
+        else:
+            old, keep, old_rows = 0, self._sync(prefix, length - 1), None
+        fresh = length - keep  # prefix tokens to feed: >= 1 unless the tree grows (the root row is known)
+        new = n_nodes - old
+        # cache columns: [keep cached prefix][fresh prefix][old nodes][new nodes]; fresh = 0 or old = 0
+        allowed = torch.zeros(fresh + new, length + n_nodes, dtype=torch.bool)  # [q, kv]
         allowed[:, :keep] = True
-        allowed[:fresh, keep : keep + fresh] = torch.ones(fresh, fresh, dtype=torch.bool).tril()  # causal
-        allowed[fresh:, keep : keep + fresh] = True  # every node sees the whole prefix
-        allowed[fresh:, keep + fresh :] = ancestor_mask(parents)
+        allowed[:fresh, keep:length] = torch.ones(fresh, fresh, dtype=torch.bool).tril()  # causal
+        allowed[fresh:, keep:length] = True  # every node sees the whole prefix
+        allowed[fresh:, length:] = ancestor_mask(parents)[old:]  # ... and its ancestors and itself
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        positions = torch.cat([torch.arange(keep, length), length - 1 + depths(parents)])
-        rows = self._forward(torch.cat([prefix[keep:], tokens]), n_nodes + 1, length + n_nodes,
-                             attention_mask=mask[None, None], position_ids=positions[None])
+        positions = torch.cat([torch.arange(keep, length), length - 1 + depths(parents)[old:]])
+        rows = self._forward(torch.cat([prefix[keep:], tokens[old:]]), new + (not grown),
+                             length + n_nodes, attention_mask=mask[None, None], position_ids=positions[None])
+        if grown:
+            rows = torch.cat([old_rows, rows])
         self.tokens = prefix.clone()
-        self.tree = (tokens.clone(), parents.clone()) if n_nodes else None
+        self.tree = (tokens.clone(), parents.clone(), rows)
         return rows
+
+    def _grown_tree(self, prefix, tokens, parents) -> bool:
+        """Whether ``tokens, parents`` extend the pending tree (possibly empty) after the same prefix."""
+        if self.tree is None or not torch.equal(prefix, self.tokens):
+            return False
+        old_tokens, old_parents, _ = self.tree
+        old = old_tokens.numel()
+        return old <= tokens.numel() and torch.equal(tokens[:old], old_tokens) and torch.equal(parents[:old], old_parents)
 
 
 TREE_ATTENTION = ("eager", "sdpa")  # implementations that take an arbitrary additive 4D mask
@@ -457,6 +479,63 @@ class PromptLookupTreeDraft:
         return trie.tree()
 
 
+class CausalLMTreeDraft:
+    """A causal LM's top-k tree, grown level by level and reranked (EAGLE-2, Li et al. 2024).
+
+    At each depth the ``top_k`` most likely children of every frontier node are scored by the
+    product of draft probabilities along their path; the ``beam`` best of them are expanded (one
+    forward of only those nodes, :meth:`CachedCausalLM.tree_logits` growing the tree); after ``k``
+    levels every candidate competes by that product and the best ``node_budget`` form the tree
+    (ancestors score at least as high as their children, so the kept set is a tree). Children are
+    deterministic (``probs=None``, verified by sample-and-match), so sampling stays exact whatever
+    the draft. Probabilities are the draft's softmax at ``temperature`` (a ranking, not a law).
+    """
+
+    def __init__(self, model, node_budget: int = 16, top_k: int = 4, beam: int = 4, temperature: float = 1.0):
+        for name, value in (("node_budget", node_budget), ("top_k", top_k), ("beam", beam)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_warp(temperature, 0, 1.0)
+        self.lm = CachedCausalLM(model)
+        self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
+
+    def __call__(self, prefix: torch.Tensor, k: int):
+        prefix = _as_tokens(prefix)
+        tokens, parents, scores = [], [], []  # every candidate node: [C] token, parent, log path probability
+        expanded = []  # candidates in the grown tree, in growth order (their index there = position here)
+        rows = self.lm.tree_logits(prefix, prefix[:0], prefix[:0])  # [1, V]
+        frontier = [(-1, 0.0, 0)]  # (candidate id, log path probability, row in `rows`)
+        for depth in range(k):
+            level = []
+            for cand, score, row in frontier:
+                logp = torch.log_softmax(rows[row] / self.temperature, dim=-1)
+                top = torch.topk(logp, self.top_k)
+                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+                    tokens.append(tok)
+                    parents.append(cand)
+                    scores.append(score + lp)
+                    level.append(len(tokens) - 1)
+            if depth == k - 1:
+                break
+            best = sorted(level, key=lambda c: -scores[c])[: self.beam]
+            start = len(expanded)
+            expanded += best
+            position = {c: i for i, c in enumerate(expanded)}
+            rows = self.lm.tree_logits(prefix, torch.tensor([tokens[c] for c in expanded]),
+                                       torch.tensor([position.get(parents[c], -1) for c in expanded]))
+            frontier = [(c, scores[c], start + i + 1) for i, c in enumerate(best)]
+        keep = sorted(range(len(tokens)), key=lambda c: -scores[c])[: self.node_budget]
+        keep = set(keep)
+        for c in list(keep):  # ancestors of kept nodes (ties in the product could drop one)
+            while parents[c] >= 0 and parents[c] not in keep:
+                keep.add(parents[c])
+                c = parents[c]
+        order = sorted(keep)  # candidate ids are created after their parents: a topological order
+        index = {c: i for i, c in enumerate(order)}
+        return DraftTree(torch.tensor([tokens[c] for c in order], dtype=torch.int64),
+                         torch.tensor([index.get(parents[c], -1) for c in order], dtype=torch.int64))
+
+
 # -- drafts made from the target ---------------------------------------------------------------
 def early_exit(model, n_layers: int):
     """A draft LM running only the first ``n_layers`` decoder layers of ``model``.
@@ -500,14 +579,16 @@ def speculative_callbacks(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: Optional[torch.Generator] = None,
+    tree: bool = False,
     node_budget: int = 16,
 ):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder`.
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
-    the string ``"prompt_lookup"`` (a chain) or ``"prompt_lookup_tree"`` (a
-    :class:`PromptLookupTreeDraft` of ``node_budget`` nodes; the decoder's ``k`` is then its
-    depth), or any ``draft_step`` callable (used as is). One
+    the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). ``tree=True``
+    makes the model or prompt-lookup draft propose trees of up to ``node_budget`` nodes
+    (:class:`CausalLMTreeDraft`, :class:`PromptLookupTreeDraft`; the decoder's ``k`` is then
+    their depth) and the target score them in one forward. One
     :class:`Sampling` built from ``greedy, temperature, top_k, top_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
@@ -515,11 +596,11 @@ def speculative_callbacks(
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):
-        draft_step = CausalLMDraft(draft, sampling, generator)
+        draft_step = CausalLMTreeDraft(draft, node_budget) if tree else CausalLMDraft(draft, sampling, generator)
     elif isinstance(draft, str):
-        if draft not in ("prompt_lookup", "prompt_lookup_tree"):
-            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup', 'prompt_lookup_tree' or a callable")
-        draft_step = PromptLookupDraft() if draft == "prompt_lookup" else PromptLookupTreeDraft(node_budget)
+        if draft != "prompt_lookup":
+            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup' or a callable")
+        draft_step = PromptLookupTreeDraft(node_budget) if tree else PromptLookupDraft()
     elif callable(draft):
         draft_step = draft
     else:
