@@ -7,7 +7,8 @@ seeds), and the same test rejects broken tree rules (power check).
 
 The decoder calls ``specverify.ops.verify_tree_greedy`` / ``accept_tree`` (issue 14). Until those
 ops are merged, the fixture below installs small private NumPy verifiers with the same contract;
-once they exist the real ops are used and the private ones only serve as the broken variants' base.
+once they exist the real ops are used and the private ones only serve as the broken variants' base
+(``experiments/tree_standin.py``, switches that break the rule).
 """
 
 import numpy as np
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 import specverify as sv  # noqa: E402
 from experiments import stats as st  # noqa: E402
 from experiments.synthetic import BigramModel, mix_bigram, random_bigram  # noqa: E402
+from experiments.tree_standin import private_accept_tree, private_verify_tree_greedy  # noqa: E402
 from specverify.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
 
 ALPHA = 1e-6  # per law test; every test below is deterministic (fixed seeds)
@@ -31,68 +33,8 @@ def bigram_pair(seed, vocab, lam=0.5, concentration=1.0):
 
 
 # ------------------------------------------------------------------------------------------
-# private tree verifiers (the issue-14 contract), with switches that break them
+# private tree verifiers (the issue-14 contract, experiments/tree_standin.py) until the ops land
 # ------------------------------------------------------------------------------------------
-def _children(parents, node):
-    return [i for i, p in enumerate(parents) if p == node]
-
-
-def private_verify_tree_greedy(target_probs, draft_tokens, parents):
-    """Walk from the root taking the child whose token is the row's argmax."""
-    rows = np.asarray(target_probs)
-    tokens, parents = np.asarray(draft_tokens).tolist(), np.asarray(parents).tolist()
-    path, node = [], -1
-    while True:
-        best = int(np.argmax(rows[node + 1]))
-        child = next((c for c in _children(parents, node) if tokens[c] == best), None)
-        if child is None:
-            return np.asarray(path, dtype=np.int64), best
-        path.append(child)
-        node = child
-
-
-def sample_and_match(target_probs, draft_tokens, parents, u, *, conditioned=True, remove_children=True,
-                     next_row_from_parent=False):
-    """Deterministic children: child j accepted w.p. P(c_j) / (1 - sum_{i<j} P(c_i)); on total
-    rejection draw from P with the children removed (u[i] is node i's coin, u[N] the final draw).
-    The switches break it: unconditioned coins, children left in the final draw, next token from
-    the parent's row."""
-    rows = np.asarray(target_probs, dtype=np.float64)
-    tokens, parents = np.asarray(draft_tokens).tolist(), np.asarray(parents).tolist()
-    n = len(tokens)
-    path, node = [], -1
-    while True:
-        p = rows[node + 1] / rows[node + 1].sum()
-        remaining, accepted = 1.0, None
-        for c in _children(parents, node):
-            pc = p[tokens[c]]
-            if u[c] * (remaining if conditioned else 1.0) < pc:
-                accepted = c
-                break
-            remaining -= pc
-            if remove_children:
-                p = p.copy()
-                p[tokens[c]] = 0.0
-        if accepted is None:
-            if next_row_from_parent and path:
-                p = rows[parents[path[-1]] + 1] / rows[parents[path[-1]] + 1].sum()
-            cdf = np.cumsum(p / p.sum())
-            return np.asarray(path, dtype=np.int64), int(min(np.searchsorted(cdf, u[n], side="right"), len(p) - 1))
-        path.append(accepted)
-        node = accepted
-
-
-def private_accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None, *, replacement=False,
-                        **broken):
-    assert draft_probs is None and not replacement, "the private verifier covers deterministic children only"
-    count = len(np.asarray(draft_tokens)) + 1
-    if isinstance(generator, torch.Generator):
-        u = torch.rand(count, generator=generator, dtype=torch.float64).numpy()
-    else:
-        u = generator.random(count)
-    return sample_and_match(target_probs, draft_tokens, parents, u, **broken)
-
-
 @pytest.fixture(autouse=True)
 def tree_ops(monkeypatch):
     if not hasattr(sv.ops, "verify_tree_greedy"):
