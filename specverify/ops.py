@@ -44,7 +44,7 @@ def accept(target_probs, draft_probs, draft_tokens, generator=None):
 
     With ``p_i = target_probs[i] / P_i`` and ``q_i = draft_probs[i] / Q_i`` (rows normalized by
     their masses ``P_i``, ``Q_i``, summed in float64 in the order documented in
-    ``specverify._kernels``):
+    ``specverify._primitives`` (``_primitives.pxd``)):
 
     - accept ``t_i`` with probability ``min(1, p_i(t_i) / q_i(t_i))``, tested as
       ``u_i * q_i(t_i) * P_i * Q_i < p_i(t_i) * P_i * Q_i`` (no division);
