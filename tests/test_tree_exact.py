@@ -17,6 +17,8 @@ import specverify as sv
 from specverify import law, reference_tree
 
 from exact import compose_rounds, exact_law, inverse_cdf_cuts, markov_joint, total_variation
+from tree_rules import (against_original_p, double_counting_target_only, duplicates_merged, rule_of,
+                        target_only_not_renormalized, walk)
 
 pytestmark = pytest.mark.emulated
 
@@ -83,65 +85,6 @@ def tree_cuts(target, draft, tokens, parents, node_rule):
             cuts[i].append(a)
         cuts[-1].extend(inverse_cdf_cuts(residual))
     return cuts
-
-
-def rule_of(name):
-    return lambda p, q, tokens: law.node_rule(p, q, tokens, name)
-
-
-def walk(target, draft, tokens, parents, u, node_rule):
-    """A verifier written from a node rule in float64: the law side, and the broken variants."""
-    children = law.tree_children(parents)
-    path, r = [], 0
-    while True:
-        kids = children[r]
-        if not kids:
-            final = target[r] / target[r].sum()
-            break
-        accept, residual = node_rule(target[r], draft[r], [tokens[i] for i in kids])
-        chosen = next((i for i, a in zip(kids, accept) if u[i] < a), None)
-        if chosen is None:
-            final = residual
-            break
-        path.append(chosen)
-        r = chosen + 1
-    return tuple(path), int(np.searchsorted(np.cumsum(final), u[-1], side="right"))
-
-
-# --- Broken node rules (section B.5) ------------------------------------------------------------
-
-def _normalized(x):
-    x = np.asarray(x, dtype=np.float64)
-    return x / x.sum()
-
-
-def against_original_p(p, q, tokens):
-    """Every child tested against the original p, then one residual."""
-    p, q = _normalized(p), _normalized(q)
-    accept = [min(1.0, p[t] / q[t]) if q[t] > 0 else float(p[t] > 0) for t in tokens]
-    d = np.maximum(p - q, 0.0)
-    return accept, d / d.sum() if d.sum() > 0 else p
-
-
-def duplicates_merged(p, q, tokens):
-    """With-replacement draws whose repeated siblings are merged before the residual recursion."""
-    first = [j for j, t in enumerate(tokens) if t not in tokens[:j]]
-    accept_unique, residual = law.node_rule(p, q, [tokens[j] for j in first], "with_replacement")
-    accept = np.zeros(len(tokens))
-    accept[first] = accept_unique
-    return accept, residual
-
-
-def double_counting_target_only(p, q, tokens):
-    """Target-only rule on repeated siblings: the accepted mass counts a repeated token twice."""
-    p = _normalized(p)
-    accept, before = [], 0.0
-    for t in tokens:
-        accept.append(min(1.0, p[t] / (1.0 - before)) if before < 1.0 else 1.0)
-        before += p[t]
-    rest = p.copy()
-    rest[list(tokens)] = 0.0
-    return accept, rest / rest.sum() if rest.sum() > 0 else p
 
 
 # --- The harness --------------------------------------------------------------------------------
@@ -219,11 +162,18 @@ def test_reference_is_lossless(rule, process, shape):
     assert emitted_law(reference_op(rule), rule_of(rule), DRAWS[process], SHAPES[shape]) < 1e-9
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("rule,process", CASES)
+def test_compiled_op_is_lossless(rule, process, shape):
+    assert emitted_law(compiled_op(rule), rule_of(rule), DRAWS[process], SHAPES[shape]) < 1e-9
+
+
 BROKEN = {
     "children tested against the original p": (against_original_p, "with_replacement"),
     "duplicate siblings merged (with replacement)": (duplicates_merged, "with_replacement"),
     "draft law not conditioned (without replacement)": (rule_of("with_replacement"), "without_replacement"),
     "duplicate tokens under the target-only rule": (double_counting_target_only, "with_replacement"),
+    "target-only rule not renormalized by earlier siblings": (target_only_not_renormalized, "without_replacement"),
 }
 
 
