@@ -329,23 +329,35 @@ cdef int _check_distinct_siblings(_Tree tree, str rule) except -1:
     return 0
 
 
+cdef object _new_path(Py_ssize_t n, int64_t** data, _Held held):
+    """A new int64 array of n elements for the accepted path, and its address (read through the
+    buffer protocol, which costs far less than a typed memoryview; the array is ours to fill)."""
+    cdef const char* raw
+    cdef Py_ssize_t count
+    path = np.empty(n, np.int64)
+    if not _read_vector(path, b'i', 8, &raw, &count, held):
+        raise AssertionError("np.empty produced an unreadable array")
+    data[0] = <int64_t*> raw
+    return path
+
+
 def verify_tree_greedy(target_probs, draft_tokens, parents):
     """See specverify.verify_tree_greedy."""
     cdef _Held held = _Held()
     cdef Rows target
     cdef Py_ssize_t length = 0, bad_row = -1
     cdef int64_t next_token = -1
+    cdef int64_t* path_data
     cdef int status
     _torch_seen()
     cdef _Tree tree = _copy_tree(draft_tokens, parents, held)
     target_probs = _rows(target_probs, "target_probs", tree.n + 1, -1, &target, held)
     _check_token_range("draft_tokens", tree.tokens, tree.n, target.cols)
-    path = np.empty(tree.n, dtype=np.int64)
-    cdef int64_t[::1] path_view = path
+    path = _new_path(tree.n, &path_data, held)
     with nogil:
         status = _verify_tree_greedy(<const float*> target.data, target.stride, tree.tokens,
-                                     tree.first_child, tree.next_sibling, target.cols,
-                                     &path_view[0] if tree.n else NULL, &length, &next_token, &bad_row)
+                                     tree.first_child, tree.next_sibling, target.cols, path_data,
+                                     &length, &next_token, &bad_row)
     if status != OK:
         _raise_status(status, bad_row, target_probs, None)
     return path[:length], next_token
@@ -359,6 +371,7 @@ def accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None
     cdef const double* u
     cdef Py_ssize_t length = 0, bad_row = -1
     cdef int64_t next_token = -1
+    cdef int64_t* path_data
     cdef int status
     _torch_seen()
     cdef _Tree tree = _copy_tree(draft_tokens, parents, held)
@@ -373,13 +386,12 @@ def accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None
     elif not replacement:
         _check_distinct_siblings(tree, "sampling without replacement (replacement=False)")
     uniforms = _uniforms(generator, uniforms, tree.n + 1, &u, held)
-    path = np.empty(tree.n, dtype=np.int64)
-    cdef int64_t[::1] path_view = path
+    path = _new_path(tree.n, &path_data, held)
     with nogil:
         status = _accept_tree(<const float*> target.data, target.stride, <const float*> draft.data,
                               draft.stride, replacement, tree.tokens, tree.first_child,
-                              tree.next_sibling, tree.n, target.cols, u,
-                              &path_view[0] if tree.n else NULL, &length, &next_token, &bad_row)
+                              tree.next_sibling, tree.n, target.cols, u, path_data, &length,
+                              &next_token, &bad_row)
     if status == NO_DRAFT_LEFT:
         raise ValueError(
             f"draft_probs[{tree.parents[bad_row] + 1}] has no mass outside the tokens of the earlier "
