@@ -73,7 +73,7 @@ BUDGETS = (4, 8, 16, 32, 64)
 PASS_FIELDS = ["prompt", "node_budget", "nodes", "seconds"]
 
 
-def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, seed=0, k_tree=5,
+def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, seed=0, k_tree=12,
                 node_budget=16, ee_node_budget=8):
     return dict(max_new=max_new, k_lookup=k_lookup, k_ee=k_ee, ee_layers=ee_layers,
                 temperature=temperature, top_k=top_k, seed=seed, k_tree=k_tree, node_budget=node_budget,
@@ -484,7 +484,7 @@ def main(argv=None):
     ap.add_argument("--ee-layers", type=int, default=12, help="layers of the early-exit draft (of 30)")
     ap.add_argument("--k-lookup", type=int, default=5)
     ap.add_argument("--k-ee", type=int, default=3)
-    ap.add_argument("--k-tree", type=int, default=5, help="depth of the trees")
+    ap.add_argument("--k-tree", type=int, default=12, help="depth of the trees")
     ap.add_argument("--node-budget", type=int, default=16, help="nodes of a prompt-lookup tree")
     ap.add_argument("--ee-node-budget", type=int, default=8, help="nodes of an early-exit tree")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, config), interleaved")

@@ -120,13 +120,14 @@ def test_tree_mask_needs_eager_or_sdpa():
 
 def test_prompt_lookup_tree_merges_candidates():
     seq = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6, 3, 2, 6, 4, 5, 6])
-    draft = PromptLookupTreeDraft(node_budget=8, max_ngram=2)
+    draft = PromptLookupTreeDraft(node_budget=8, max_ngram=2, min_ngram=1)
     tree = draft(seq, 3)
     # chain proposal first (bigram 5 6 at 0: 7 8 9), then bigram at 6: 3 2 6, then unigram 6 hits: 7 8 9 (merged),
     # 3 2 6 (merged), 4 5 6 (budget: 2 of 3 nodes)
     assert tree.tokens.tolist() == [7, 8, 9, 3, 2, 6, 4, 5]
     assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4, -1, 6] and tree.probs is None
     assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3]), 4).n_nodes == 0  # nothing to copy
+    assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3, 1]), 4).n_nodes == 0  # a unigram match: by default too weak
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16])

@@ -449,9 +449,14 @@ class PromptLookupTreeDraft:
     inserted into a :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until
     ``node_budget`` nodes are used. Children are deterministic (``probs=None``): verified exactly by
     sample-and-match. Counter: ``candidates`` inserted.
+
+    ``min_ngram`` defaults to 2, unlike the chain's 1: on a CPU a pass that scores extra tokens
+    costs 1.5-2x a one-token step (measured on SmolLM2-135M), and after a one-token match the first
+    proposed token was right only 7-33 % of the time on our prompts (bigram 33-60 %, trigram
+    75-97 %), so proposing nothing is cheaper than a tree that is mostly rejected.
     """
 
-    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 2):
         if int(node_budget) != node_budget or node_budget < 1:
             raise ValueError(f"node_budget must be a positive integer, got {node_budget!r}")
         self.node_budget = int(node_budget)
