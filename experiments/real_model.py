@@ -109,7 +109,8 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     tree = config.endswith("_tree")
     row = dict(config=config, mode="sample" if "sample" in config else "greedy",
                draft="lookup" if "lookup" in config else ("early_exit_%d" % p["ee_layers"] if "ee" in config else ""),
-               k=p["k_tree"] if tree else (p["k_lookup"] if "lookup" in config else (p["k_ee"] if "ee" in config else 0)),
+               k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
+                                                                   else (p["k_ee"] if "ee" in config else 0)),
                node_budget=(p["node_budget"] if "lookup" in config else p["ee_node_budget"]) if tree else "")
     for key in ("drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s", "other_s", "verify_share"):
         row[key] = float("nan")
@@ -205,8 +206,6 @@ def _write_csv(path, rows, fields):
 def _load(params, prompts, log):
     import torch
 
-    from .tree_standin import install
-
     from specverify.integrations import smollm2
     from specverify.integrations.transformers import early_exit
 
@@ -215,8 +214,6 @@ def _load(params, prompts, log):
     log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads, "
         f"attention {model.config._attn_implementation})")
     draft_model = early_exit(model, params["ee_layers"])
-    if install():
-        log("tree verification: NumPy stand-in (issue 14's ops not merged yet)")
     ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
            for name, text in prompts.items()}
@@ -484,7 +481,7 @@ def main(argv=None):
     ap.add_argument("--ee-layers", type=int, default=12, help="layers of the early-exit draft (of 30)")
     ap.add_argument("--k-lookup", type=int, default=5)
     ap.add_argument("--k-ee", type=int, default=3)
-    ap.add_argument("--k-tree", type=int, default=12, help="depth of the trees")
+    ap.add_argument("--k-tree", type=int, default=12, help="depth of the prompt-lookup trees (early-exit trees: --k-ee)")
     ap.add_argument("--node-budget", type=int, default=16, help="nodes of a prompt-lookup tree")
     ap.add_argument("--ee-node-budget", type=int, default=8, help="nodes of an early-exit tree")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, config), interleaved")

@@ -31,8 +31,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import ops
-from .ops import accept, verify_greedy
+from .ops import accept, accept_tree, verify_greedy, verify_tree_greedy
 from .tree_drafts import DraftTree
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
@@ -187,10 +186,6 @@ class SpeculativeDecoder:
     # -- tree rounds (the draft returned a DraftTree) ------------------------------------------
     def _verify_tree(self, target_probs, draft_probs, tokens, parents):
         """``(path, next_token)``: target_probs [N+1, V], draft_probs [N+1, V] or None, tokens/parents [N]."""
-        verify_tree_greedy = getattr(ops, "verify_tree_greedy", None)
-        accept_tree = getattr(ops, "accept_tree", None)
-        if verify_tree_greedy is None or accept_tree is None:
-            raise NotImplementedError("tree drafts need the tree verification ops (verify_tree_greedy, accept_tree)")
         if self.greedy:
             return verify_tree_greedy(target_probs, tokens, parents)
         return accept_tree(target_probs, draft_probs, tokens, parents, generator=self.generator)

@@ -3,12 +3,9 @@
 Sections: structure and bookkeeping of tree rounds; greedy mode == plain greedy decoding of the
 target; sampling mode with deterministic children (sample-and-match) preserves the target's joint
 law over whole continuations (chi-square on counts against the enumerated law, alpha = 1e-6, fixed
-seeds), and the same test rejects broken tree rules (power check).
-
-The decoder calls ``specverify.ops.verify_tree_greedy`` / ``accept_tree`` (issue 14). Until those
-ops are merged, the fixture below installs small private NumPy verifiers with the same contract;
-once they exist the real ops are used and the private ones only serve as the broken variants' base
-(``experiments/tree_standin.py``, switches that break the rule).
+seeds), and the same test rejects broken tree rules (power check): a node rule of section B.5 and
+a residual that keeps the rejected children (written with ``tests/tree_rules.walk``), and rows
+aligned to each node's parent instead of the node (an off-by-one of the tree row layout).
 """
 
 import numpy as np
@@ -19,8 +16,9 @@ torch = pytest.importorskip("torch")
 import specverify as sv  # noqa: E402
 from experiments import stats as st  # noqa: E402
 from experiments.synthetic import BigramModel, mix_bigram, random_bigram  # noqa: E402
-from experiments.tree_standin import private_accept_tree, private_verify_tree_greedy  # noqa: E402
+from specverify import law  # noqa: E402
 from specverify.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
+from tree_rules import target_only_not_renormalized, walk  # noqa: E402
 
 ALPHA = 1e-6  # per law test; every test below is deterministic (fixed seeds)
 
@@ -30,16 +28,6 @@ def bigram_pair(seed, vocab, lam=0.5, concentration=1.0):
     target = random_bigram(rng, vocab, concentration)
     other = random_bigram(rng, vocab, concentration)
     return BigramModel(target), BigramModel(mix_bigram(target, other, lam))
-
-
-# ------------------------------------------------------------------------------------------
-# private tree verifiers (the issue-14 contract, experiments/tree_standin.py) until the ops land
-# ------------------------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def tree_ops(monkeypatch):
-    if not hasattr(sv.ops, "verify_tree_greedy"):
-        monkeypatch.setattr(sv.ops, "verify_tree_greedy", private_verify_tree_greedy, raising=False)
-        monkeypatch.setattr(sv.ops, "accept_tree", private_accept_tree, raising=False)
 
 
 # ------------------------------------------------------------------------------------------
@@ -130,14 +118,6 @@ def test_tree_deeper_than_asked_is_an_error():
         dec.generate([1], max_new=5)
 
 
-def test_tree_without_the_ops_says_so(monkeypatch):
-    monkeypatch.delattr(sv.ops, "verify_tree_greedy", raising=False)
-    target, draft = bigram_pair(0, 5)
-    dec = sv.SpeculativeDecoder(markov_tree_draft(draft), markov_tree_target(target), k=2)
-    with pytest.raises(NotImplementedError, match="tree verification ops"):
-        dec.generate([1], max_new=5)
-
-
 # ------------------------------------------------------------------------------------------
 # greedy: token-for-token plain greedy decoding of the target
 # ------------------------------------------------------------------------------------------
@@ -169,29 +149,47 @@ def test_wider_trees_accept_more_per_pass():
 # ------------------------------------------------------------------------------------------
 # sampling: the joint law of whole continuations
 # ------------------------------------------------------------------------------------------
-class BrokenTree(sv.SpeculativeDecoder):
-    broken = {}
+class BrokenTreeRule(sv.SpeculativeDecoder):
+    """A tree verifier written from a (broken) node rule; N + 1 uniforms per round, as the op draws."""
+
+    node_rule = None
 
     def _verify_tree(self, target_probs, draft_probs, tokens, parents):
-        return private_accept_tree(target_probs, draft_probs, tokens, parents, self.generator, **self.broken)
+        u = self.generator.random(tokens.numel() + 1)
+        rows = np.asarray(target_probs, dtype=np.float64)
+        return walk(rows, rows, tokens.tolist(), parents.tolist(), u, type(self).node_rule)
 
 
-class UnconditionedSiblings(BrokenTree):
-    """Broken: sibling j accepted w.p. P(c_j), not P(c_j) over the mass its earlier siblings left."""
+def _children_kept(p, q, tokens):
+    accept, _ = law.node_rule(p, q, tokens, "deterministic")
+    return accept, p / p.sum()
 
-    broken = dict(conditioned=False)
+
+class WalkedRule(BrokenTreeRule):
+    """Not broken: the harness's own walk with the correct rule must pass (the power checks test the rules)."""
+
+    node_rule = staticmethod(lambda p, q, tokens: law.node_rule(p, q, tokens, "deterministic"))
 
 
-class ChildrenKeptInFinalDraw(BrokenTree):
+class UnconditionedSiblings(BrokenTreeRule):
+    """Broken (B.5): sibling j accepted w.p. P(c_j), not P(c_j) over the mass its earlier siblings left."""
+
+    node_rule = staticmethod(target_only_not_renormalized)
+
+
+class ChildrenKeptInFinalDraw(BrokenTreeRule):
     """Broken: on total rejection the next token is drawn from P with the rejected children still in."""
 
-    broken = dict(remove_children=False)
+    node_rule = staticmethod(_children_kept)
 
 
-class NextFromParentRow(BrokenTree):
-    """Broken: the token after an accepted path is drawn from the row of the path's parent."""
+class RowsOfTheParent(sv.SpeculativeDecoder):
+    """Broken layout: row i + 1 taken from node i's parent position (the chain's off-by-one, in trees)."""
 
-    broken = dict(next_row_from_parent=True)
+    def _verify_tree(self, target_probs, draft_probs, tokens, parents):
+        rows = np.asarray(target_probs)
+        shifted = np.concatenate([rows[:1], rows[parents.numpy() + 1]])
+        return super()._verify_tree(shifted, draft_probs, tokens, parents)
 
 
 def tree_continuation_test(cls, *, vocab, length, k, runs, seed, widths, reverse=False, lam=0.5):
@@ -224,8 +222,13 @@ def test_tree_sampling_preserves_joint_law(vocab, length, k, widths, reverse):
     assert res.pvalue > ALPHA, res
 
 
-@pytest.mark.parametrize("broken", [UnconditionedSiblings, ChildrenKeptInFinalDraw, NextFromParentRow])
+@pytest.mark.parametrize("broken", [UnconditionedSiblings, ChildrenKeptInFinalDraw, RowsOfTheParent])
 def test_tree_law_test_rejects_broken_rules(broken):
     """Power check: the same test, sizes and seed as the first case reject each broken rule at ALPHA."""
     res, _ = tree_continuation_test(broken, vocab=4, length=3, k=2, runs=4000, seed=7, widths=(2, 2))
     assert res.pvalue < ALPHA, res
+
+
+def test_the_walked_correct_rule_keeps_the_law():
+    res, _ = tree_continuation_test(WalkedRule, vocab=4, length=3, k=2, runs=4000, seed=7, widths=(2, 2))
+    assert res.pvalue > ALPHA, res

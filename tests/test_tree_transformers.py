@@ -25,8 +25,6 @@ from specverify.integrations.transformers import (  # noqa: E402
 )
 from specverify.tree_drafts import path_to  # noqa: E402
 
-from test_decoder_tree import tree_ops  # noqa: E402,F401  (private tree ops until issue 14 lands)
-
 VOCAB = 97
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4, -1, 5]  # 10 nodes, depth 4, a lone root child (8)
 
