@@ -386,12 +386,7 @@ def plot(csv_path, out_path=None):
         fig.text(0.01, 0.01, f"max_new={meta['params']['max_new']}, {meta.get('torch_threads')} torch threads, "
                  f"load average {meta['loadavg_before'][0]:.1f} -> {meta['loadavg_after'][0]:.1f} "
                  f"on {os.cpu_count()} cores; git {meta['git_revision']}", fontsize=7, color="#555555")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    out_path = Path(out_path or paths.MEDIA_DIR / FIGURE)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-    return out_path
+    return _save(fig, out_path or paths.MEDIA_DIR / FIGURE)
 
 
 def sweep_summary(rows):
@@ -456,7 +451,7 @@ def plot_tree_sweep(csv_path, out_path=None):
     grid = np.unique(nodes)
     axes[2].plot(grid + 1, [np.median(ms[nodes == n]) for n in grid], "-", color="black", lw=1.5, label="median")
     axes[2].set_xscale("log", base=2)
-    axes[2].set_xlabel("rows scored in the pass (nodes + 1; the fed prefix tokens not counted)")
+    axes[2].set_xlabel("rows scored in the pass (tree nodes + 1)")
     axes[2].set_ylabel("target pass wall time (ms)")
     axes[2].set_title("cost of one target pass vs tree size")
     axes[2].legend(fontsize=8)
@@ -467,8 +462,14 @@ def plot_tree_sweep(csv_path, out_path=None):
                  f"{meta['params']['k_tree']}, {meta.get('torch_threads')} torch threads, load average "
                  f"{meta['loadavg_before'][0]:.1f} -> {meta['loadavg_after'][0]:.1f} on {os.cpu_count()} cores "
                  f"(shared machine); git {meta['git_revision']}", fontsize=7, color="#555555")
+    return _save(fig, out_path or paths.MEDIA_DIR / TREE_FIGURE)
+
+
+def _save(fig, out_path):
+    import matplotlib.pyplot as plt
+
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    out_path = Path(out_path or paths.MEDIA_DIR / TREE_FIGURE)
+    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, dpi=110)
     plt.close(fig)

@@ -15,19 +15,13 @@ torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
 from experiments import stats as st  # noqa: E402
-from experiments.synthetic import BigramModel, mix_bigram, random_bigram  # noqa: E402
+from experiments.synthetic import BigramModel  # noqa: E402
 from specverify import law  # noqa: E402
 from specverify.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
+from test_decoder import bigram_pair  # noqa: E402
 from tree_rules import target_only_not_renormalized, walk  # noqa: E402
 
 ALPHA = 1e-6  # per law test; every test below is deterministic (fixed seeds)
-
-
-def bigram_pair(seed, vocab, lam=0.5, concentration=1.0):
-    rng = np.random.default_rng(seed)
-    target = random_bigram(rng, vocab, concentration)
-    other = random_bigram(rng, vocab, concentration)
-    return BigramModel(target), BigramModel(mix_bigram(target, other, lam))
 
 
 # ------------------------------------------------------------------------------------------
