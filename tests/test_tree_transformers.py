@@ -66,7 +66,7 @@ def test_tree_rows_equal_each_path_scored_alone(tiny, cached):
         torch.testing.assert_close(rows[node + 1], uncached_rows(tiny, seq)[-1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("accepted_leaf", [-1, 1, 8, 7, 9])
+@pytest.mark.parametrize("accepted_leaf", [-1, 7, 9])  # nothing kept; via the 2nd root child; the deepest path
 def test_cache_after_compaction_equals_plain_prefix_plus_path(tiny, accepted_leaf):
     g = torch.Generator().manual_seed(2)
     prefix = torch.randint(0, VOCAB, (17,), generator=g)
@@ -128,7 +128,7 @@ def test_prompt_lookup_tree_merges_candidates():
     assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3, 1]), 4).n_nodes == 0  # a unigram match: by default too weak
 
 
-@pytest.mark.parametrize("budget", [1, 4, 16])
+@pytest.mark.parametrize("budget", [1, 16])
 def test_tiny_greedy_with_trees_equals_generate(tiny, budget):
     g = torch.Generator().manual_seed(3)
     motif = torch.randint(0, VOCAB, (6,), generator=g)
