@@ -149,7 +149,8 @@ def accept_block(target_probs, draft_probs, draft_tokens, uniforms):
     coin ``K`` passes iff ``u * d_K < c_K`` (``u < p_K``, as accept tests).  ``tau`` is the
     largest passing ``i`` (0 if none).  Emit ``t_0..t_{tau-1}`` and a draw with ``u[K]`` from row
     ``K`` (``tau = K``) or from ``w_tau`` (``p_0 = 1``: accept's residual), or from row ``tau``
-    itself if ``W_tau`` is 0 after rounding.
+    itself if ``W_tau`` is 0 after rounding.  One-hot draft: ``w_i`` is row ``i`` with ``t_i``
+    removed (the factor ``p_i`` cancels), exactly as accept's point-mass residual.
     """
     p_rows = np.asarray(target_probs, dtype=np.float32)
     tokens = np.asarray(draft_tokens, dtype=np.int64).reshape(-1)
@@ -171,7 +172,11 @@ def accept_block(target_probs, draft_probs, draft_tokens, uniforms):
         survival.append(p_i)
 
     def residual(i):  # [V] weights w_i and their mass W_i
-        weights = residual_weights(p_rows[i], q_rows[i], p_masses[i], survival[i] * q_masses[i])
+        if draft_probs is None:  # one-hot: any positive ratio zeroes t_i and keeps the rest
+            weights = p_rows[i].astype(np.float64)
+            weights[tokens[i]] = 0.0
+        else:
+            weights = residual_weights(p_rows[i], q_rows[i], p_masses[i], survival[i] * q_masses[i])
         return weights, ordered_total(block_sums(weights))
 
     if k > 0 and u[k - 1] * d < c:

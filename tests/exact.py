@@ -30,10 +30,14 @@ Law = Dict[tuple, float]
 
 def cells(cuts) -> Tuple[np.ndarray, np.ndarray]:
     """Midpoints and widths of the cells of [0, 1) cut at ``cuts`` (empty cells dropped)."""
-    edges = np.unique(np.concatenate([[0.0, 1.0], np.clip(np.asarray(cuts, dtype=np.float64), 0.0, 1.0)]))
+    cuts = np.asarray(cuts, dtype=np.float64)
+    if np.isnan(cuts).any():
+        raise ValueError("cuts must not be NaN")
+    edges = np.unique(np.concatenate([[0.0, 1.0], np.clip(cuts, 0.0, 1.0)]))
     widths = np.diff(edges)
     keep = widths > 0
-    return (edges[:-1] + widths / 2)[keep], widths[keep]
+    mids = np.minimum(edges[:-1] + widths / 2, np.nextafter(edges[1:], 0.0))  # inside even when 1 ulp wide
+    return mids[keep], widths[keep]
 
 
 def law_over_uniforms(op: Callable[[np.ndarray], object], n_uniforms: int,

@@ -47,7 +47,7 @@ def block_rule(target_rows, draft_rows, tokens, variant="correct"):
     r = [ratio(P[i, t], Q[i, t]) for i, t in enumerate(tokens)]
     p = [1.0]
     for i in range(k):
-        p.append(min(1.0, p[-1] * r[i]))
+        p.append(0.0 if p[-1] == 0.0 else min(1.0, p[-1] * r[i]))  # 0 stays 0 (even at r = +inf)
     h = []
     for i in range(1, k):
         z = np.maximum(p[i] * P[i] - Q[i], 0.0).sum()
