@@ -12,7 +12,7 @@ import specverify as sv
 from specverify import reference
 
 from conftest import draw_from_rows, random_probability_rows, scaled
-from test_ops_reference import accept_case
+from test_ops_reference import accept_case, accepted_lengths_matching_reference
 from test_ops_validation import K, V, bad_accept_inputs, good, with_value
 
 pytestmark = pytest.mark.emulated
@@ -23,12 +23,8 @@ pytestmark = pytest.mark.emulated
 # ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "one_hot"])
 def test_accept_block_matches_reference_bit_for_bit(rng, point_mass):
-    outcomes = np.zeros(10, dtype=int)
-    for _ in range(scaled(1000, 60)):
-        target, draft, tokens, uniforms = accept_case(rng, point_mass)
-        got = sv.accept_block_from_uniforms(target, draft, tokens, uniforms)
-        assert got == reference.accept_block(target, draft, tokens, uniforms), (target.shape, uniforms)
-        outcomes[got[0]] += 1
+    outcomes = accepted_lengths_matching_reference(sv.accept_block_from_uniforms, reference.accept_block, rng,
+                                                   point_mass, scaled(1000, 60))
     assert outcomes[0] > 0 and outcomes[2:].sum() > 0
 
 
