@@ -26,6 +26,16 @@ __all__ = [
     "var_accepted",
     "expected_tokens_per_round",
     "mean_accepted_homogeneous",
+    "TREE_RULES",
+    "tree_children",
+    "tree_depths",
+    "node_rule",
+    "tree_node_probabilities",
+    "depth_pmf",
+    "child_acceptance",
+    "rrs_acceptance",
+    "optimal_multidraft_acceptance",
+    "tree_length_pmf",
 ]
 
 

@@ -87,9 +87,10 @@ def test_tree_rows(quick_run):
 
 
 def test_tree_shapes_and_bytes():
+    from specverify import law as sv_law
     parents = bench_tree.eagle_like_parents(16)
     assert parents.tolist() == [-1] * 4 + [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    children = bench_tree.children_of(parents)
+    children = sv_law.tree_children(parents)
     assert bench_tree.bytes_read("greedy", children, [0, 5], 10) == 3 * 40
     assert bench_tree.bytes_read("with_replacement", children, [0, 5], 10) == (3 + 2) * 40  # node 5 is a leaf
 
