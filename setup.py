@@ -27,7 +27,10 @@ def cpu_flags(machine=None):
     return []
 
 
-COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing"] + cpu_flags()
+# -fopenmp: verify_batch spreads requests over threads (cython.parallel.prange); compiled
+# without it, prange runs serially and every result is the same.
+COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-fopenmp"] + cpu_flags()
+LINK_ARGS = ["-fopenmp"]
 DEBUG_CHECKS = os.environ.get("SPECVERIFY_BOUNDSCHECK", "0") == "1"
 DIRECTIVES = {
     "language_level": 3,
@@ -43,7 +46,7 @@ DIRECTIVES = {
 HERE = os.path.dirname(os.path.abspath(__file__))
 extensions = [
     Extension(f"specverify.{name[:-len('.pyx')]}", [f"specverify/{name}"],
-              extra_compile_args=COMPILE_ARGS)
+              extra_compile_args=COMPILE_ARGS, extra_link_args=LINK_ARGS)
     for name in sorted(os.listdir(os.path.join(HERE, "specverify")))
     if name.endswith(".pyx")
 ]

@@ -8,8 +8,8 @@
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
-from . import law, reference, stats
-from .ops import accept, accept_from_uniforms, verify_greedy
+from . import batch, law, reference, stats
+from .ops import BATCH_METHODS, accept, accept_from_uniforms, verify_batch, verify_greedy
 
 __version__ = "0.1.0"
 
@@ -17,6 +17,8 @@ __all__ = [
     "verify_greedy",
     "accept",
     "accept_from_uniforms",
+    "verify_batch",
+    "BATCH_METHODS",
     "SpeculativeDecoder",
     "law",
     "reference",

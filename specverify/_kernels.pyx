@@ -31,6 +31,7 @@ from ._primitives cimport *
 
 include "_args.pxi"
 include "_chain.pxi"
+include "_batch.pxi"
 
 
 def block_size():

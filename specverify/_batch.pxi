@@ -1,0 +1,389 @@
+# Batched, ragged verification: many requests in one call, the GIL released, requests spread over
+# OpenMP threads (included by _kernels.pyx after _chain.pxi, whose kernels it calls per request).
+#
+# Layout (vLLM model runner V2): request r owns draft tokens [cu[r], cu[r+1]) and target rows
+# [cu[r] + r, cu[r+1] + r + 1) (K_r + 1 rows, the last its bonus row); draft rows, when given, are
+# aligned with the draft tokens.  The entry copies every index it will use (cu, tokens, methods,
+# draft presence, uniforms) into the call's own memory BEFORE validating it, so a caller mutating
+# its arrays from another thread can never steer a loop that runs without bounds checks.
+# Each request writes only its own output slots, so results do not depend on the thread count or
+# the schedule.
+
+from cpython.buffer cimport PyBUF_RECORDS
+from cython.parallel cimport prange
+from libc.string cimport memcpy
+
+# Per-request verification methods; a method's code is its index in BATCH_METHODS.
+cdef enum:
+    METHOD_GREEDY = 0
+    METHOD_TOKEN = 1
+    N_METHODS = 2   # block verification slots in as code 2 once _accept_block lands
+
+BATCH_METHODS = ("greedy", "token")
+_METHOD_CODES = {name: code for code, name in enumerate(BATCH_METHODS)}
+
+
+cdef struct _Batch:
+    # Inputs (validated; indices are the call's own copies).
+    Py_ssize_t n_requests
+    Py_ssize_t vocab
+    Py_ssize_t width                 # K_max + 1: columns of the output
+    const float* target              # [sum K_r + R, V] rows, target_stride floats apart
+    Py_ssize_t target_stride
+    const float* draft               # [sum K_r, V] rows or NULL
+    Py_ssize_t draft_stride
+    const int64_t* cu                # [R + 1]
+    const int64_t* tokens            # [sum K_r]
+    const uint8_t* methods           # [R] METHOD_* codes
+    const uint8_t* has_draft         # [R] 1: request reads its draft rows; 0: point-mass draft
+    const int64_t* uniform_start     # [R + 1] request r's uniforms are [start[r], start[r+1])
+    const double* uniforms
+    # Outputs, one slot (row) per request.
+    int64_t* output                  # [R, width]
+    int64_t* n_accepted              # [R]
+    int* status                      # [R]
+    Py_ssize_t* bad_row              # [R] row of the request (0..K_r) that a non-OK status names
+
+
+cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
+    """Request r with the single-request kernel its method names; writes r's output row."""
+    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
+    cdef const float* target = b.target + (b.cu[r] + r) * b.target_stride
+    cdef const int64_t* tokens = b.tokens + b.cu[r]
+    cdef const float* draft = NULL
+    cdef int64_t* out = b.output + r * b.width
+    cdef Py_ssize_t n = 0, j
+    cdef int64_t next_token = -1
+    cdef int status
+    b.bad_row[r] = -1
+    if b.methods[r] == METHOD_GREEDY:
+        status = _verify_greedy(target, b.target_stride, tokens, k, b.vocab, &n, &next_token,
+                                &b.bad_row[r])
+    else:
+        if b.has_draft[r]:
+            draft = b.draft + b.cu[r] * b.draft_stride
+        status = _accept(target, b.target_stride, draft, b.draft_stride, tokens, k, b.vocab,
+                         b.uniforms + b.uniform_start[r], &n, &next_token, &b.bad_row[r])
+    b.status[r] = status
+    if status != OK:
+        n, next_token = 0, -1
+    b.n_accepted[r] = n
+    for j in range(n):
+        out[j] = tokens[j]
+    out[n] = next_token
+    for j in range(n + 1, b.width):
+        out[j] = -1
+
+
+cdef void _verify_requests(const _Batch* b, int num_threads) noexcept nogil:
+    cdef Py_ssize_t r
+    if num_threads <= 1:
+        for r in range(b.n_requests):
+            _verify_request(b, r)
+        return
+    # Dynamic, one request at a time: requests differ in K_r and in where they reject.
+    for r in prange(b.n_requests, num_threads=num_threads, schedule="dynamic", chunksize=1):
+        _verify_request(b, r)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry
+# ---------------------------------------------------------------------------------------------
+
+cdef int _default_threads = 0
+
+
+def default_num_threads():
+    """Threads ``verify_batch`` uses when not told: OMP_NUM_THREADS if it is a positive integer,
+    else the CPUs this process may run on.  Read once, at the first call."""
+    global _default_threads
+    if _default_threads == 0:
+        import os
+        text = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        try:
+            _default_threads = max(int(text), 0)
+        except ValueError:
+            _default_threads = 0
+        if _default_threads == 0:
+            try:
+                _default_threads = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                _default_threads = os.cpu_count() or 1
+    return _default_threads
+
+
+def openmp_enabled():
+    """Whether this build was compiled with OpenMP (otherwise every batch runs on one thread)."""
+    return _OPENMP_ENABLED
+
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #define SV_OPENMP_ENABLED 1
+    #else
+    #define SV_OPENMP_ENABLED 0
+    #endif
+    """
+    const bint _OPENMP_ENABLED "SV_OPENMP_ENABLED"
+
+
+cdef Py_ssize_t _request_of(const int64_t* cu, Py_ssize_t n_requests, Py_ssize_t i) noexcept:
+    """The request owning draft token i (error messages only): the last r with cu[r] <= i."""
+    cdef Py_ssize_t lo = 0, hi = n_requests - 1, mid
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cu[mid] <= i:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+cdef object _batch_rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, str why, Rows* out,
+                        _Held held):
+    """Validated float32 rows whose count is fixed by cu_num_draft_tokens (the message says so)."""
+    if not _read_rows(x, out, held) or out.cols == 0 or (cols >= 0 and out.cols != cols):
+        x = _inputs.float_rows(x, name, cols=None if cols < 0 else cols)
+        if not _read_rows(x, out, held):
+            raise AssertionError(f"{name}: conversion produced an unreadable array")
+    if out.rows != rows:
+        raise ValueError(f"{name} has {out.rows} rows but cu_num_draft_tokens implies {why} = {rows}")
+    return x
+
+
+cdef int _read_methods(object method, Py_ssize_t n_requests, uint8_t* codes) except -1:
+    """Per-request method codes: one name for all, a sequence of names, or an integer array."""
+    cdef Py_ssize_t r
+    cdef int code
+    if isinstance(method, str):
+        code = _METHOD_CODES.get(method, -1)
+        if code < 0:
+            raise ValueError(f"method must be one of {BATCH_METHODS}, got {method!r}")
+        for r in range(n_requests):
+            codes[r] = code
+        return 0
+    array = _inputs.batch_methods(method, n_requests, _METHOD_CODES)
+    for r in range(n_requests):
+        codes[r] = array[r]
+    return 0
+
+
+cdef int _read_draft_presence(object has_draft_probs, object draft_probs, Py_ssize_t n_requests,
+                              uint8_t* has_draft) except -1:
+    cdef Py_ssize_t r
+    if has_draft_probs is None:
+        for r in range(n_requests):
+            has_draft[r] = draft_probs is not None
+        return 0
+    mask = _inputs.batch_mask(has_draft_probs, n_requests, "has_draft_probs")
+    for r in range(n_requests):
+        has_draft[r] = mask[r]
+        if has_draft[r] and draft_probs is None:
+            raise ValueError(f"has_draft_probs[{r}] is True but draft_probs is None")
+    return 0
+
+
+cdef int _fill_uniforms(object generator, object generators, object uniforms, _Batch* b,
+                        Py_ssize_t total, double* into) except -1:
+    """The batch's uniforms, in request order, into the call's own memory."""
+    cdef const char* raw
+    cdef const double* u
+    cdef Py_ssize_t n, r, i, count
+    cdef _Held held
+    given = (generator is not None) + (generators is not None) + (uniforms is not None)
+    if given > 1:
+        raise TypeError("pass at most one of generator, generators and uniforms")
+    if generators is not None:
+        if not isinstance(generators, (list, tuple)) or len(generators) != b.n_requests:
+            got = len(generators) if isinstance(generators, (list, tuple)) else type(generators).__name__
+            raise ValueError(f"generators must be a list of one generator per request "
+                             f"(R = {b.n_requests}), got {got}")
+        for r in range(b.n_requests):
+            count = b.uniform_start[r + 1] - b.uniform_start[r]
+            if count == 0:
+                continue  # a greedy request draws nothing: its generator is not advanced
+            held = _Held()
+            try:
+                _uniforms(generators[r], None, count, &u, held)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"generators[{r}]: {error}") from None
+            memcpy(into + b.uniform_start[r], u, count * sizeof(double))
+        return 0
+    if total == 0:
+        return 0  # nothing to draw (all greedy); a generator given is not advanced
+    if uniforms is None:
+        uniforms = _inputs.draw_uniforms(generator, total)  # one draw for the whole batch
+        held = _Held()
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != total:
+            raise AssertionError("generator produced unreadable uniforms")
+        memcpy(into, raw, total * sizeof(double))
+        return 0
+    held = _Held()
+    if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != total:
+        uniforms = _inputs.uniforms_float64(uniforms, total, what="K_r + 1 per sampled request, "
+                                            "0 per greedy one")
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
+            raise AssertionError("uniforms: conversion produced an unreadable array")
+    memcpy(into, raw, total * sizeof(double))
+    for i in range(total):
+        if not (0.0 <= into[i] < 1.0):  # also catches NaN
+            raise ValueError(f"uniforms must lie in [0, 1) (uniforms[{i}] = {into[i]})")
+    return 0
+
+
+cdef int _raise_request_status(const _Batch* b, Py_ssize_t r, object target_probs,
+                               object draft_probs) except -1:
+    """The exception for request r's non-OK status, naming the request and the row."""
+    cdef int status = b.status[r]
+    cdef Py_ssize_t row = b.bad_row[r]
+    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
+    draft_status = status == BAD_DRAFT_VALUES or status == ZERO_DRAFT_MASS
+    global_row = b.cu[r] + row if draft_status else b.cu[r] + r + row
+    try:
+        _inputs.raise_kernel_status(STATUS_NAMES[status], global_row, target_probs, draft_probs)
+    except (ValueError, MemoryError) as error:
+        rows = f"{k} draft rows" if draft_status else f"{k + 1} target rows"
+        raise type(error)(f"request {r} (row {row} of its {rows}): {error}; no output returned") \
+            from None
+    return -1
+
+
+def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, method="token",
+                 has_draft_probs=None, generator=None, generators=None, uniforms=None,
+                 num_threads=None):
+    """See specverify.verify_batch."""
+    return _verify_batch_entry(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                               method, has_draft_probs, generator, generators, uniforms,
+                               num_threads, True)
+
+
+def convert_only_verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                              method="token", has_draft_probs=None, generator=None,
+                              generators=None, uniforms=None, num_threads=None):
+    """verify_batch without its kernels: the argument handling alone (call-overhead benchmark)."""
+    return _verify_batch_entry(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                               method, has_draft_probs, generator, generators, uniforms,
+                               num_threads, False)
+
+
+cdef object _verify_batch_entry(object target_probs, object draft_probs, object draft_tokens,
+                                object cu_num_draft_tokens, object method, object has_draft_probs,
+                                object generator, object generators, object uniforms,
+                                object num_threads, bint run):
+    cdef _Held held = _Held()
+    cdef _Batch b
+    cdef Rows target, draft
+    cdef const int64_t* cu_given
+    cdef const int64_t* tokens_given
+    cdef Py_ssize_t n_cu, n_tokens, n_requests, r, i, k, k_max = 0, total = 0
+    cdef int64_t* cu
+    cdef int64_t* tokens
+    cdef int64_t* uniform_start
+    cdef double* uniforms_own
+    cdef uint8_t* methods
+    cdef uint8_t* has_draft
+    cdef char* memory = NULL
+    cdef int threads
+    cdef Py_buffer out_view, accepted_view
+    cdef Py_ssize_t ints, per_request
+    _torch_seen()
+    cu_num_draft_tokens = _tokens(cu_num_draft_tokens, "cu_num_draft_tokens", &cu_given, &n_cu, held)
+    if n_cu < 1:
+        raise ValueError("cu_num_draft_tokens must hold R + 1 offsets starting at 0, got none")
+    draft_tokens = _tokens(draft_tokens, "draft_tokens", &tokens_given, &n_tokens, held)
+    n_requests = n_cu - 1
+    if num_threads is None:
+        threads = default_num_threads()
+    else:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        threads = min(num_threads, 1 << 16)
+    threads = max(1, min(threads, n_requests))
+
+    # The call's own memory: int64 offsets, tokens and uniform starts, per-request statuses and
+    # rows, then the uniforms (counted below) and the byte-wide per-request flags.
+    ints = (n_cu + n_tokens + n_cu) * sizeof(int64_t)
+    per_request = n_requests * (sizeof(int) + sizeof(Py_ssize_t))
+    memory = <char*> malloc(ints + per_request + 2 * n_requests + 8)
+    if memory == NULL:
+        raise MemoryError()
+    try:
+        cu = <int64_t*> memory
+        tokens = cu + n_cu
+        uniform_start = tokens + n_tokens
+        b.bad_row = <Py_ssize_t*> (uniform_start + n_cu)
+        b.status = <int*> (b.bad_row + n_requests)
+        methods = <uint8_t*> (b.status + n_requests)
+        has_draft = methods + n_requests
+        memcpy(cu, cu_given, n_cu * sizeof(int64_t))
+        memcpy(tokens, tokens_given, n_tokens * sizeof(int64_t))
+
+        # Offsets: a leading 0, non-decreasing, ending at the number of draft tokens.
+        if cu[0] != 0:
+            raise ValueError(f"cu_num_draft_tokens must start at 0 (a leading 0, R + 1 entries), "
+                             f"got cu_num_draft_tokens[0] = {cu[0]}")
+        for r in range(n_requests):
+            k = cu[r + 1] - cu[r]
+            if k < 0:
+                raise ValueError(f"cu_num_draft_tokens must be non-decreasing: "
+                                 f"cu_num_draft_tokens[{r + 1}] = {cu[r + 1]} < "
+                                 f"cu_num_draft_tokens[{r}] = {cu[r]} (request {r})")
+            k_max = max(k_max, k)
+        if cu[n_requests] != n_tokens:
+            raise ValueError(f"cu_num_draft_tokens[-1] = {cu[n_requests]} but draft_tokens holds "
+                             f"{n_tokens} tokens")
+
+        _read_methods(method, n_requests, methods)
+        _read_draft_presence(has_draft_probs, draft_probs, n_requests, has_draft)
+        target_probs = _batch_rows(target_probs, "target_probs", n_tokens + n_requests, -1,
+                                   "sum(K_r) + R", &target, held)
+        if draft_probs is not None:
+            draft_probs = _batch_rows(draft_probs, "draft_probs", n_tokens, target.cols,
+                                      "sum(K_r)", &draft, held)
+        else:
+            draft.data, draft.stride = NULL, 0
+        for i in range(n_tokens):
+            if tokens[i] < 0 or tokens[i] >= target.cols:
+                r = _request_of(cu, n_requests, i)
+                raise IndexError(f"draft_tokens[{i}] = {tokens[i]} (request {r}, position "
+                                 f"{i - cu[r]}) is not a token id in [0, {target.cols})"
+                                 + (": -1 padding is not a draft token; give K_r instead"
+                                    if tokens[i] == -1 else ""))
+
+        # Uniforms: K_r + 1 per sampled request, none per greedy one, in request order.
+        for r in range(n_requests):
+            uniform_start[r] = total
+            if methods[r] != METHOD_GREEDY:
+                total += cu[r + 1] - cu[r] + 1
+        uniform_start[n_requests] = total
+        uniforms_own = <double*> malloc(max(total, 1) * sizeof(double))
+        if uniforms_own == NULL:
+            raise MemoryError()
+        try:
+            b.n_requests, b.vocab, b.width = n_requests, target.cols, k_max + 1
+            b.cu, b.tokens, b.methods, b.has_draft = cu, tokens, methods, has_draft
+            b.uniform_start, b.uniforms = uniform_start, uniforms_own
+            _fill_uniforms(generator, generators, uniforms, &b, total, uniforms_own)
+            if not run:
+                return None
+            b.target, b.target_stride = <const float*> target.data, target.stride
+            b.draft, b.draft_stride = <const float*> draft.data, draft.stride
+            output = np.empty((n_requests, k_max + 1), dtype=np.int64)
+            n_accepted = np.empty(n_requests, dtype=np.int64)
+            PyObject_GetBuffer(output, &out_view, PyBUF_RECORDS)
+            b.output = <int64_t*> out_view.buf
+            PyBuffer_Release(&out_view)  # the arrays own their memory; the pointers stay valid
+            PyObject_GetBuffer(n_accepted, &accepted_view, PyBUF_RECORDS)
+            b.n_accepted = <int64_t*> accepted_view.buf
+            PyBuffer_Release(&accepted_view)
+            with nogil:
+                _verify_requests(&b, threads)
+            for r in range(n_requests):
+                if b.status[r] != OK:
+                    _raise_request_status(&b, r, target_probs, draft_probs)
+            return output, n_accepted
+        finally:
+            free(uniforms_own)
+    finally:
+        free(memory)
