@@ -92,6 +92,11 @@ cdef void _verify_requests(const _Batch* b, int num_threads) noexcept nogil:
 
 cdef int _default_threads = 0
 
+# With num_threads=None, one more thread only per this many target elements the batch may read
+# (512 KB of float32, some 10-20 us of reading): a fork-join costs microseconds on a quiet machine
+# and a scheduler slice on a loaded one, more than a small batch gains from it.
+cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
+
 
 def default_num_threads():
     """Threads ``verify_batch`` uses when not told: OMP_NUM_THREADS if it is a positive integer,
@@ -284,7 +289,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
     cdef uint8_t* methods
     cdef uint8_t* has_draft
     cdef char* memory = NULL
-    cdef int threads
+    cdef int threads = 1
     cdef Py_buffer out_view, accepted_view
     cdef Py_ssize_t ints, per_request
     _torch_seen()
@@ -293,13 +298,10 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
         raise ValueError("cu_num_draft_tokens must hold R + 1 offsets starting at 0, got none")
     draft_tokens = _tokens(draft_tokens, "draft_tokens", &tokens_given, &n_tokens, held)
     n_requests = n_cu - 1
-    if num_threads is None:
-        threads = default_num_threads()
-    else:
+    if num_threads is not None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         threads = min(num_threads, 1 << 16)
-    threads = max(1, min(threads, n_requests))
 
     # The call's own memory: int64 offsets, tokens and uniform starts, per-request statuses and
     # rows, then the uniforms (counted below) and the byte-wide per-request flags.
@@ -338,6 +340,9 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
         _read_draft_presence(has_draft_probs, draft_probs, n_requests, has_draft)
         target_probs = _batch_rows(target_probs, "target_probs", n_tokens + n_requests, -1,
                                    "sum(K_r) + R", &target, held)
+        if num_threads is None:  # the default: as many as the batch's size is worth
+            threads = min(default_num_threads(),
+                          max(1, (n_tokens + n_requests) * target.cols // MIN_ELEMENTS_PER_THREAD))
         if draft_probs is not None:
             draft_probs = _batch_rows(draft_probs, "draft_probs", n_tokens, target.cols,
                                       "sum(K_r)", &draft, held)
@@ -377,6 +382,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
             PyObject_GetBuffer(n_accepted, &accepted_view, PyBUF_RECORDS)
             b.n_accepted = <int64_t*> accepted_view.buf
             PyBuffer_Release(&accepted_view)
+            threads = max(1, min(threads, n_requests))
             with nogil:
                 _verify_requests(&b, threads)
             for r in range(n_requests):

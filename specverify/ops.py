@@ -151,9 +151,11 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
         has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
             False).
         generator, generators, uniforms: the randomness, as above (at most one of them).
-        num_threads: threads to spread the requests over (OpenMP); None: ``OMP_NUM_THREADS`` if
-            set, else the CPUs this process may use (read once).  Never more than R.  1 runs on
-            the calling thread without entering OpenMP.
+        num_threads: threads to spread the requests over (OpenMP), never more than R; 1 runs on
+            the calling thread without entering OpenMP.  None: ``OMP_NUM_THREADS`` if set, else
+            the CPUs this process may use (read once), but only one thread per 2^17 target
+            elements the batch may read (``(sum(K_r) + R) * V``), since a fork-join costs more
+            than a small batch gains.
 
     Returns:
         ``(output_token_ids, num_accepted)``: ``[R, K_max + 1]`` int64 NumPy array (``K_max =
