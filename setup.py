@@ -27,10 +27,7 @@ def cpu_flags(machine=None):
     return []
 
 
-# -fopenmp: verify_batch spreads requests over threads (cython.parallel.prange); compiled
-# without it, prange runs serially and every result is the same.
-COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing", "-fopenmp"] + cpu_flags()
-LINK_ARGS = ["-fopenmp"]
+COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing"] + cpu_flags()
 DEBUG_CHECKS = os.environ.get("SPECVERIFY_BOUNDSCHECK", "0") == "1"
 DIRECTIVES = {
     "language_level": 3,
@@ -46,7 +43,7 @@ DIRECTIVES = {
 HERE = os.path.dirname(os.path.abspath(__file__))
 extensions = [
     Extension(f"specverify.{name[:-len('.pyx')]}", [f"specverify/{name}"],
-              extra_compile_args=COMPILE_ARGS, extra_link_args=LINK_ARGS)
+              extra_compile_args=COMPILE_ARGS)
     for name in sorted(os.listdir(os.path.join(HERE, "specverify")))
     if name.endswith(".pyx")
 ]

@@ -151,8 +151,11 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
         has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
             False).
         generator, generators, uniforms: the randomness, as above (at most one of them).
-        num_threads: threads to spread the requests over (OpenMP), never more than R; 1 runs on
-            the calling thread without entering OpenMP.  None: ``OMP_NUM_THREADS`` if set, else
+        num_threads: threads to spread the requests over, never more than R: the calling thread
+            and helper threads (started once, kept) claim requests one at a time, and the call
+            waits only for requests a helper has claimed, never for a helper that is late to
+            start (what makes a loaded machine cost a fork-join scheduler slices).  1 runs on the
+            calling thread alone; so does a call made while another call holds the helpers.  None: ``OMP_NUM_THREADS`` if set, else
             the CPUs this process may use (read once), but only one thread per 2^17 target
             elements the batch may read (``(sum(K_r) + R) * V``), since a fork-join costs more
             than a small batch gains.

@@ -145,6 +145,45 @@ def concatenate_batches(parts):
 
 
 @pytest.mark.emulated
+def test_concurrent_callers_and_a_forked_child():
+    # Python threads calling at once (one holds the helpers, the others run on their own
+    # thread), then a child forked after the helpers started: all give the single-op answers.
+    import os
+    import threading
+    rng = np.random.default_rng(26)
+    cases = [random_batch(rng, 16, 2000) for _ in range(4)]
+    expected = [single_op_results(args) for args in cases]
+    failures = []
+
+    def work(i):
+        try:
+            for _ in range(scaled(20, 3)):
+                output, accepted = sv.verify_batch(**cases[i], num_threads=2)
+                assert_matches_single_ops(cases[i], output, accepted, expected[i])
+        except AssertionError as error:  # pragma: no cover - reported below
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
+    if not hasattr(os, "fork"):
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: no helper threads exist; the first call must start its own
+        try:
+            output, accepted = sv.verify_batch(**cases[0], num_threads=2)
+            assert_matches_single_ops(cases[0], output, accepted, expected[0])
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.emulated
 def test_batch_equals_the_reference():
     rng = np.random.default_rng(20)
     for case in range(scaled(25, 5)):
