@@ -186,6 +186,46 @@ def sweep_figure(table, ks_p: float, alpha: float, *, dpi: int = 100):
     return fig
 
 
+# ------------------------------------------------------------------------------------------
+# block verification vs token-wise
+# ------------------------------------------------------------------------------------------
+ACCEPTANCE_COLORS = {0.5: "#d62728", 0.7: "#1f77b4", 0.9: "#2ca02c"}
+
+
+def block_figure(table, *, dpi: int = 100, vocab_main: int = 32000):
+    """Two panels from an ``experiments.block`` table: mean accepted length vs K for both methods
+    (law lines, empirical points ±2 s.e.) at ``vocab_main``, and the gain (block − token-wise)."""
+    fig, (ax_m, ax_g) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=dpi)
+    vocabs = sorted(int(v) for v in table["vocab"].unique())
+    main = vocab_main if vocab_main in vocabs else vocabs[-1]
+    for j, (a, sub) in enumerate(table.groupby("acceptance")):
+        c = ACCEPTANCE_COLORS.get(round(float(a), 2), f"C{j + 3}")
+        m = sub[sub["vocab"] == main].sort_values("k")
+        ax_m.plot(m["k"], m["block_law_mean"], color=c, lw=1.8, label=f"a = {a:g}: block (law)")
+        ax_m.plot(m["k"], m["token_law_mean"], color=c, lw=1.2, ls="--", label=f"a = {a:g}: token-wise (law)")
+        ax_m.errorbar(m["k"] + 0.08, m["block_emp_mean"], yerr=2 * m["block_se"], fmt="o", ms=3.5, color=c,
+                      capsize=2, lw=1)
+        ax_m.errorbar(m["k"] - 0.08, m["token_emp_mean"], yerr=2 * m["token_se"], fmt="o", ms=3.5, mfc="white",
+                      color=c, capsize=2, lw=1)
+        for v, style in zip(vocabs, ("-", ":", "-.")):
+            g = sub[sub["vocab"] == v].sort_values("k")
+            ax_g.plot(g["k"], g["gain_law"], color=c, lw=1.5, ls=style if v != main else "-",
+                      label=f"a = {a:g}, V = {v} (law)")
+            ax_g.errorbar(g["k"], g["gain_emp"], yerr=2 * g["gain_se"], fmt="o" if v == main else "s", ms=3,
+                          color=c, mfc=c if v == main else "white", capsize=2, lw=0.8)
+    ax_m.set_xlabel("draft length K")
+    ax_m.set_ylabel("mean accepted drafts per round")
+    ax_m.set_title(f"V = {main}: lines = law, points = empirical (±2 s.e.; open = token-wise)")
+    ax_m.legend(fontsize=7, frameon=False, ncol=2)
+    ax_g.axhline(0, color=LAW_COLOR, lw=0.8)
+    ax_g.set_xlabel("draft length K")
+    ax_g.set_ylabel("block − token-wise accepted drafts per round")
+    ax_g.set_title("gain of block verification (same drafts and uniforms)")
+    ax_g.legend(fontsize=7, frameon=False, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,13 +3,15 @@
     import specverify as sv
     n_accepted, next_token = sv.verify_greedy(target_probs, draft_tokens)          # greedy
     n_accepted, next_token = sv.accept(target_probs, draft_probs, draft_tokens, g)  # sampling
+    n_accepted, next_token = sv.accept_block(target_probs, draft_probs, draft_tokens, g)  # block
 
 ``sv.law`` holds the analytic law of rejection sampling, ``sv.reference`` slow NumPy references
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
 from . import batch, law, reference, stats
-from .ops import BATCH_METHODS, accept, accept_from_uniforms, verify_batch, verify_greedy
+from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_from_uniforms,
+                  verify_batch, verify_greedy)
 
 __version__ = "0.1.0"
 
@@ -17,6 +19,8 @@ __all__ = [
     "verify_greedy",
     "accept",
     "accept_from_uniforms",
+    "accept_block",
+    "accept_block_from_uniforms",
     "verify_batch",
     "BATCH_METHODS",
     "SpeculativeDecoder",

@@ -12,13 +12,14 @@
 from cpython.buffer cimport PyBUF_RECORDS
 from libc.string cimport memcpy
 
-# Per-request verification methods; a method's code is its index in BATCH_METHODS.
+# Per-request verification methods; a method's code is its index in BATCH_METHODS.  Every
+# sampling method is a SamplingKernel (_chain.pxi) taking K_r + 1 uniforms.
 cdef enum:
     METHOD_GREEDY = 0
     METHOD_TOKEN = 1
-    N_METHODS = 2   # block verification slots in as code 2 once _accept_block lands
+    METHOD_BLOCK = 2
 
-BATCH_METHODS = ("greedy", "token")
+BATCH_METHODS = ("greedy", "token", "block")
 _METHOD_CODES = {name: code for code, name in enumerate(BATCH_METHODS)}
 
 
@@ -34,7 +35,7 @@ cdef struct _Batch:
     const int64_t* cu                # [R + 1]
     const int64_t* tokens            # [sum K_r]
     const uint8_t* methods           # [R] METHOD_* codes
-    const uint8_t* has_draft         # [R] 1: request reads its draft rows; 0: point-mass draft
+    const uint8_t* has_draft         # [R] 1: request reads its draft rows; 0: one-hot draft
     const int64_t* uniform_start     # [R + 1] request r's uniforms are [start[r], start[r+1])
     const double* uniforms
     # Outputs, one slot (row) per request.
@@ -54,6 +55,7 @@ cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
     cdef Py_ssize_t n = 0, j
     cdef int64_t next_token = -1
     cdef int status
+    cdef SamplingKernel sampler = _accept_block if b.methods[r] == METHOD_BLOCK else _accept
     b.bad_row[r] = -1
     if b.methods[r] == METHOD_GREEDY:
         status = _verify_greedy(target, b.target_stride, tokens, k, b.vocab, &n, &next_token,
@@ -61,7 +63,7 @@ cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
     else:
         if b.has_draft[r]:
             draft = b.draft + b.cu[r] * b.draft_stride
-        status = _accept(target, b.target_stride, draft, b.draft_stride, tokens, k, b.vocab,
+        status = sampler(target, b.target_stride, draft, b.draft_stride, tokens, k, b.vocab,
                          b.uniforms + b.uniform_start[r], &n, &next_token, &b.bad_row[r])
     b.status[r] = status
     if status != OK:
@@ -460,7 +462,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
                                  + (": -1 padding is not a draft token; give K_r instead"
                                     if tokens[i] == -1 else ""))
 
-        # Uniforms: K_r + 1 per sampled request, none per greedy one, in request order.
+        # Uniforms: K_r + 1 per sampled request (token or block), none per greedy one, in order.
         for r in range(n_requests):
             uniform_start[r] = total
             if methods[r] != METHOD_GREEDY:

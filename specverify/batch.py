@@ -53,7 +53,7 @@ def _method_codes(method, n_requests):
 def uniform_counts(cu_num_draft_tokens, method="token"):
     """``[R]`` int64: how many uniforms each request of a ``verify_batch`` call uses.
 
-    ``K_r + 1`` for a sampled request (``"token"``), 0 for a greedy one.  Request r's uniforms
+    ``K_r + 1`` for a sampled request (``"token"`` or ``"block"``), 0 for a greedy one.  Request r's uniforms
     are ``uniforms[start[r]:start[r] + counts[r]]`` with ``start = cumsum(counts) - counts``.
     """
     cu = _numpy_int64(cu_num_draft_tokens, "cu_num_draft_tokens")
@@ -219,11 +219,13 @@ def reference_verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft
     for r in range(n_requests):
         t = tokens[cu[r]:cu[r + 1]]
         target = np.asarray(target_probs[cu[r] + r:cu[r + 1] + r + 1])
-        if BATCH_METHODS[codes[r]] == "greedy":
+        name = BATCH_METHODS[codes[r]]
+        if name == "greedy":
             n, token = reference.verify_greedy(target, t)
         else:
             draft = np.asarray(draft_probs[cu[r]:cu[r + 1]]) if has_draft_probs[r] else None
-            n, token = reference.accept(target, draft, t, np.asarray(uniforms)[starts[r]:starts[r + 1]])
+            sample = reference.accept_block if name == "block" else reference.accept
+            n, token = sample(target, draft, t, np.asarray(uniforms)[starts[r]:starts[r + 1]])
         accepted[r] = n
         output[r, :n] = t[:n]
         output[r, n] = token

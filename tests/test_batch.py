@@ -1,15 +1,17 @@
 """Tests of verify_batch (batched, ragged verification) and the layout converters.
 
-- Bit for bit: on random ragged batches (K_r = 0 included, mixed methods, mixed draft_probs
-  presence, scores for greedy requests), every request's output equals the single-request op's
-  on its own rows and uniforms, on 1, 2 and 3 threads; and equals the slow reference.
+- Bit for bit: on random ragged batches (K_r = 0 included, mixed methods: greedy, token-wise and
+  block; mixed draft_probs presence, scores for greedy requests), every request's output equals
+  the single-request op's on its own rows and uniforms, on 1, 2 and 3 threads; and equals the
+  slow reference.
 - Randomness: per-request generators draw exactly what the single ops draw (numpy and torch),
   greedy requests leave theirs untouched, one generator equals the same draw given as uniforms.
 - Law: per-request accepted-length histograms (and emitted tokens) of the batched op against the
   analytic law, chi-square on counts at ALPHA = 1e-6 (Bonferroni over every sub-test), plus the
   joint histogram of two requests against the product of their laws (independent streams).
-  Power: the same test rejects three broken batchers (target rows without the +r bonus shift,
-  draft presence ignored, every request reading the first request's uniforms).
+  Power: the same test rejects four broken batchers (target rows without the +r bonus shift,
+  draft presence ignored, every request reading the first request's uniforms, block requests
+  verified token-wise).
 - Bad input: offsets, token ids (-1 padding included), generator counts, uniforms, methods,
   presence mask, NaN / zero mass in one request's rows (named by request and row, nothing
   returned), thread counts.
@@ -23,10 +25,12 @@ import specverify as sv
 from specverify import batch, law, stats
 
 from conftest import EMULATED, random_probability_rows, scaled, softmax_rows
-from test_ops_statistics import ALPHA, law_pvalues
+from test_ops_statistics import ALPHA, law_pvalues, pmf_pvalues
 
 VOCABS = (1, 5, 257, 1000, 4099)
-METHODS = ("greedy", "token")
+METHODS = ("greedy", "token", "block")
+SAMPLERS = {"token": sv.accept, "block": sv.accept_block}                 # generator drawn
+FROM_UNIFORMS = {"token": sv.accept_from_uniforms, "block": sv.accept_block_from_uniforms}
 
 
 # ------------------------------------------------------------------------------------------
@@ -78,8 +82,8 @@ def single_op_results(args):
         if name == "greedy":
             results.append(sv.verify_greedy(target, tokens))
         else:
-            results.append(sv.accept_from_uniforms(target, draft, tokens,
-                                                   args["uniforms"][starts[r]:starts[r + 1]]))
+            results.append(FROM_UNIFORMS[name](target, draft, tokens,
+                                               args["uniforms"][starts[r]:starts[r + 1]]))
     return results
 
 
@@ -231,7 +235,7 @@ def test_per_request_numpy_generators_draw_what_the_single_ops_draw():
             if name == "greedy":
                 want = sv.verify_greedy(target, tokens)
             else:
-                want = sv.accept(target, draft, tokens, twin)
+                want = SAMPLERS[name](target, draft, tokens, twin)
             assert (accepted[r], output[r, accepted[r]]) == want
             # Same advancement as the single op; greedy requests leave theirs untouched.
             assert gens[r].random() == twin.random()
@@ -247,7 +251,8 @@ def test_per_request_torch_generators_and_the_default_generator():
     for r, name in enumerate(args["method"]):
         target, draft, tokens = request_rows(args, r)
         twin = torch.Generator().manual_seed(100 + r)
-        want = sv.verify_greedy(target, tokens) if name == "greedy" else sv.accept(target, draft, tokens, twin)
+        want = (sv.verify_greedy(target, tokens) if name == "greedy"
+                else SAMPLERS[name](target, draft, tokens, twin))
         assert (accepted[r], output[r, accepted[r]]) == want
         assert gens[r].get_state().equal(twin.get_state())
     # generator=None: one draw from torch's default generator, like the single ops.
@@ -293,8 +298,9 @@ LAW_ROUNDS = 3_000 if EMULATED else 20_000
 
 
 def law_batch():
-    """Six requests over V = 10: two identical sampled ones (K = 3, for the joint test), a
-    point-mass draft (K = 2), a greedy one (K = 2), K = 0, and a sampled K = 4."""
+    """Seven requests over V = 10: two identical sampled ones (K = 3, for the joint test), a
+    point-mass draft (K = 2), a greedy one (K = 2), K = 0, a sampled K = 4 and a block one (K = 4,
+    drafts whose ratios spread around 1, where block verification gains the most)."""
     rng = np.random.default_rng(30)
     v = 10
     p0, q0 = softmax_rows(1.5 * rng.standard_normal((4, v))), softmax_rows(1.5 * rng.standard_normal((3, v)))
@@ -304,6 +310,7 @@ def law_batch():
         ("token", p0, q0, None), ("token", p0, q0, None),
         ("token", p2, None, np.array([1, 4])), ("greedy", p3, None, np.argmax(p3[:2], axis=1)),
         ("token", p4, np.zeros((0, v), np.float32), None), ("token", p5, q5, None),
+        ("block", p5, softmax_rows(np.log(p5[:4]) + 0.8 * rng.standard_normal((4, v))), None),
     ]
     return requests
 
@@ -355,8 +362,11 @@ def law_test_pvalues(batcher, requests, rounds=LAW_ROUNDS, seed=0):
             ok = np.all(accepted[:, r] == want[0]) and np.all(emitted[r][:, want[0]] == want[1])
             pvalues[f"r{r}:greedy"] = 1.0 if ok else 0.0
             continue
-        for sub, p in law_pvalues(target, draft if draft is not None else None, accepted[:, r],
-                                  emitted[r], point_mass_tokens=fixed).items():
+        if name == "block":
+            sub_pvalues = pmf_pvalues(law.block_survival(target, draft).pmf, target, accepted[:, r], emitted[r])
+        else:
+            sub_pvalues = law_pvalues(target, draft, accepted[:, r], emitted[r], point_mass_tokens=fixed)
+        for sub, p in sub_pvalues.items():
             if sub != "mean":
                 pvalues[f"r{r}:{sub}"] = p
     pmf = law.accepted_length_pmf(law.acceptance_rates(requests[0][1], requests[0][2]))
@@ -390,12 +400,13 @@ def broken_batcher(defect):
             shift = 0 if defect == "no bonus shift" else r   # V1-style rows: forgets the bonus rows
             rows = target[cu[r] + shift:cu[r + 1] + shift + 1]
             t = tokens[cu[r]:cu[r + 1]]
-            if methods[r] == "greedy":
+            name = "token" if defect == "block as token" and methods[r] == "block" else methods[r]
+            if name == "greedy":
                 n, token = sv.verify_greedy(rows, t)
             else:
                 d = draft[cu[r]:cu[r + 1]] if has_draft[r] and defect != "presence ignored" else None
                 start = 0 if defect == "uniforms not advanced" else starts[r]
-                n, token = sv.accept_from_uniforms(rows, d, t, u[start:start + counts[r]])
+                n, token = FROM_UNIFORMS[name](rows, d, t, u[start:start + counts[r]])
             accepted[r] = n
             output[r, :n], output[r, n] = t[:n], token
         return output, accepted
@@ -409,7 +420,8 @@ def test_batched_op_follows_the_law():
     assert passes(pvalues), pvalues
 
 
-@pytest.mark.parametrize("defect", ["no bonus shift", "presence ignored", "uniforms not advanced"])
+@pytest.mark.parametrize("defect", ["no bonus shift", "presence ignored", "uniforms not advanced",
+                                    "block as token"])
 def test_law_test_rejects_broken_batchers(defect):
     pvalues = law_test_pvalues(broken_batcher(defect), law_batch())
     assert not passes(pvalues), pvalues
