@@ -4,18 +4,19 @@ and against the summed memory-read floors of its requests, on 1 and 2 threads.
     python -m experiments.bench_batch            # batch rows only (results/bench/batch.*)
     python -m experiments.bench_batch --quick    # smoke run
 
-Sweep (data below): R requests x V x cache {warm, cold}; every request token-wise with draft
-probabilities, K_r uniform in 0..8, drafts and rows as the main bench's *realistic* case (draft =
-target logits plus noise, per-position acceptance about 0.68; tokens drawn from the draft rows).
+Sweep (data below): R requests x V x method {token, greedy} x cache {warm, cold}; K_r uniform in
+0..8, rows as the main bench's *realistic* case (draft = target logits plus noise, per-position
+acceptance about 0.68; token-wise: tokens drawn from the draft rows, with draft probabilities;
+greedy: each token the row's argmax with probability 0.68).
 
 - warm: the same batch every call (whatever of it fits in the caches stays there);
 - cold: distinct batches totalling at least the main bench's cold size (2 x (LLC + L2s)) cycled in
-  a fixed shuffled order, so each call reads its rows from DRAM (R = 256 is far larger than the
-  caches on its own).
+  turn, so each call reads its rows from DRAM (R = 256 is far larger than the caches on its own).
 
 Implementations: ``batch`` (``sv.verify_batch``, explicit uniforms, NumPy arrays) on 1 and 2
-threads; ``loop`` (``sv.accept_from_uniforms`` per request on NumPy views sliced before timing, so
-the loop is not charged for slicing); ``floor`` = sum over the batch's requests of the bytes each
+threads; ``loop`` (the single op, ``sv.accept_from_uniforms`` or ``sv.verify_greedy``, per request
+on NumPy views sliced before timing, so the loop is not charged for slicing); ``floor`` = sum over
+the batch's requests of the bytes each
 must read divided by the single-thread read bandwidth the main bench's probe measures for that
 read size and cache state.  Per-request cost at V = 8 (kernels doing almost nothing) is the slope
 (T(R) - T(1)) / (R - 1), an upper bound on the per-request overhead beyond the kernel.
@@ -29,20 +30,22 @@ import numpy as np
 
 from . import bench_impls as bi
 
-REQUESTS = (1, 8, 64, 256)
-VOCABS = (32000, 128256)
 K_MAX = 8
 CACHES = ("warm", "cold")
+METHODS = ("token", "greedy")
 IMPLS = ("batch 1t", "batch 2t", "loop")
 OVERHEAD_V, OVERHEAD_REQUESTS = 8, (1, 256)
-QUICK_REQUESTS, QUICK_VOCABS = (1, 8), (4096,)
+FULL_SWEEP = dict(requests=(1, 8, 64, 256), vocabs=(32000, 128256), budget_s=120.0)
+QUICK_SWEEP = dict(requests=(1, 8), vocabs=(4096,), budget_s=2.0)
+CSV_NAME, OVERHEAD_CSV_NAME, MD_NAME = "batch.csv", "batch_overhead.csv", "batch.md"
 
-CSV_FIELDS = ("V", "R", "cache", "rows_read_mean", "bytes_mean", "impl", "min_us", "median_us",
+CSV_FIELDS = ("V", "R", "method", "cache", "rows_read_mean", "bytes_mean", "impl", "min_us", "median_us",
               "us_per_request", "ratio_to_floor_min", "speedup_vs_loop", "speedup_2t_vs_1t")
 
 
 def make_batch(v, n_requests, rng, tau):
-    """One realistic batch: (target [sum K + R, V], draft [sum K, V], tokens, cu, uniforms)."""
+    """One realistic batch: dict of target [sum K + R, V], draft [sum K, V], tokens (drawn from
+    the draft rows), greedy_tokens (the row's argmax with probability 0.68), cu, uniforms."""
     k = rng.integers(0, K_MAX + 1, n_requests)
     cu = np.concatenate([[0], np.cumsum(k)]).astype(np.int64)
     n_tokens = int(cu[-1])
@@ -64,45 +67,56 @@ def make_batch(v, n_requests, rng, tau):
         u = rng.random(b - a)[:, None] * cdf[:, -1:]
         tokens[a:b] = np.minimum((cdf <= u).sum(axis=1), v - 1)
     del logits
-    uniforms = rng.random(n_tokens + n_requests)
-    return target, draft, tokens, cu, uniforms
+    greedy_tokens = bi.realistic_greedy_tokens(np.concatenate([target[paired], target[:1]]), rng)
+    return dict(target=target, draft=draft, tokens=tokens, greedy_tokens=greedy_tokens, cu=cu,
+                uniforms=rng.random(n_tokens + n_requests))
 
 
-def request_views(batch):
-    """Per-request argument tuples of the single op (views, sliced once, outside timing)."""
-    target, draft, tokens, cu, uniforms = batch
-    return [(target[cu[r] + r:cu[r + 1] + r + 1], draft[cu[r]:cu[r + 1]], tokens[cu[r]:cu[r + 1]],
-             uniforms[cu[r] + r:cu[r + 1] + r + 1]) for r in range(cu.size - 1)]
+def batch_call(batch, method):
+    """Arguments of the timed functions: (target, draft, tokens, cu, method, uniforms, views),
+    views being the per-request arguments of the single op (sliced once, outside timing)."""
+    target, cu = batch["target"], batch["cu"]
+    rows = [(cu[r] + r, cu[r + 1] + r + 1, cu[r], cu[r + 1]) for r in range(cu.size - 1)]
+    if method == "greedy":
+        tokens = batch["greedy_tokens"]
+        views = [(target[a:b], tokens[c:d]) for a, b, c, d in rows]
+        return target, None, tokens, cu, method, None, views
+    draft, tokens, u = batch["draft"], batch["tokens"], batch["uniforms"]
+    views = [(target[a:b], draft[c:d], tokens[c:d], u[a:b]) for a, b, c, d in rows]
+    return target, draft, tokens, cu, method, u, views
 
 
-def bytes_per_request(sv, batch):
-    """Bytes each request's kernel reads (its path: rows 0..n of target and draft, as the main
-    bench counts them)."""
-    v = batch[0].shape[1]
-    return [bi.bytes_read("accept", v, t.shape[0] - 1, sv.accept_from_uniforms(t, d, tok, u)[0])
-            for t, d, tok, u in request_views(batch)]
+def bytes_per_request(sv, call):
+    """Bytes each request's kernel reads (its path, as the main bench counts them)."""
+    *_, method, _, views = call
+    op, single = (("verify_greedy", sv.verify_greedy) if method == "greedy"
+                  else ("accept", sv.accept_from_uniforms))
+    v = call[0].shape[1]
+    return [bi.bytes_read(op, v, args[0].shape[0] - 1, single(*args)[0]) for args in views]
 
 
 def _functions(sv):
     def batch_on(threads):
-        def call(target, draft, tokens, cu, uniforms, views):
-            return sv.verify_batch(target, draft, tokens, cu, uniforms=uniforms, num_threads=threads)
+        def call(target, draft, tokens, cu, method, uniforms, views):
+            return sv.verify_batch(target, draft, tokens, cu, method=method, uniforms=uniforms,
+                                   num_threads=threads)
         return call
 
-    def loop(target, draft, tokens, cu, uniforms, views):
-        accept = sv.accept_from_uniforms
-        return [accept(*args) for args in views]
+    def loop(target, draft, tokens, cu, method, uniforms, views):
+        single = sv.verify_greedy if method == "greedy" else sv.accept_from_uniforms
+        return [single(*args) for args in views]
 
     return {"batch 1t": batch_on(1), "batch 2t": batch_on(2), "loop": loop}
 
 
-def run(sv, settings, seed, probe, time_round_robin, overhead_ns, requests=REQUESTS, vocabs=VOCABS,
-        log=print):
-    """Rows of the batch sweep (dicts with CSV_FIELDS) and the V = 8 overhead rows."""
+def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWEEP, log=print):
+    """Rows of the batch sweep (dicts with CSV_FIELDS) and the V = 8 overhead rows.
+
+    settings, probe, time_round_robin, overhead_ns: the main bench's (experiments.bench)."""
     rng = np.random.default_rng(seed)
     fns = _functions(sv)
-    n_groups = len(requests) * len(vocabs) * len(CACHES)
-    budget = settings.get("batch_budget_s", settings["budget_s"]) / n_groups
+    requests, vocabs = sweep["requests"], sweep["vocabs"]
+    budget = sweep["budget_s"] / (len(requests) * len(vocabs) * len(CACHES) * len(METHODS))
     rows = []
     for v in vocabs:
         tau = bi.draft_noise_for_acceptance(v, bi.ACCEPTANCE, rng)
@@ -112,67 +126,69 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, requests=REQUE
             allocated = n_requests * (K_MAX + 1) * v * bi.F32          # 2 * mean K + 1 rows each
             batches = [make_batch(v, n_requests, rng, tau)
                        for _ in range(max(1, math.ceil(settings["cold_bytes"] / allocated)))]
-            for cache in CACHES:
-                chosen = batches[:1] if cache == "warm" else batches
-                calls = [b + (request_views(b),) for b in chosen]
-                nbytes = [bytes_per_request(sv, b) for b in chosen]
-                for args in calls:   # the batch and the loop agree
-                    out, n = fns["batch 2t"](*args)
-                    assert [(int(a), int(out[r, a])) for r, a in enumerate(n)] == fns["loop"](*args)
-                times = time_round_robin(fns, {name: calls for name in fns}, budget, settings, overhead_ns)
-                floor_us = float(np.mean([sum(probe.floor_ns(cache, x) for x in per) for per in nbytes])) / 1e3
-                common = dict(V=v, R=n_requests, cache=cache,
-                              rows_read_mean=float(np.mean([sum(per) for per in nbytes])) / (v * bi.F32),
-                              bytes_mean=float(np.mean([sum(per) for per in nbytes])))
-                group = {name: dict(common, impl=name, min_us=t.min_us, median_us=t.median_us)
-                         for name, t in times.items()}
-                group["floor"] = dict(common, impl="floor", min_us=floor_us, median_us=floor_us)
-                for g in group.values():
-                    g["us_per_request"] = g["min_us"] / n_requests
-                    g["ratio_to_floor_min"] = g["min_us"] / floor_us
-                    g["speedup_vs_loop"] = group["loop"]["median_us"] / g["median_us"]
-                group["batch 2t"]["speedup_2t_vs_1t"] = group["batch 1t"]["min_us"] / group["batch 2t"]["min_us"]
-                rows.extend(group.values())
-                log(f"  batch V={v} R={n_requests:3d} {cache}: " + "  ".join(
-                    f"{name} {g['min_us']:.1f}" for name, g in group.items())
-                    + f" us  (÷floor 1t {group['batch 1t']['ratio_to_floor_min']:.2f}, "
-                      f"2t/1t {group['batch 2t']['speedup_2t_vs_1t']:.2f})")
-                del calls
+            for method in METHODS:
+                for cache in CACHES:
+                    calls = [batch_call(b, method) for b in (batches[:1] if cache == "warm" else batches)]
+                    nbytes = [bytes_per_request(sv, c) for c in calls]
+                    for args in calls:   # the batch and the loop agree
+                        out, n = fns["batch 2t"](*args)
+                        assert [(int(a), int(out[r, a])) for r, a in enumerate(n)] == fns["loop"](*args)
+                    times = time_round_robin(fns, {name: calls for name in fns}, budget, settings, overhead_ns)
+                    floor_us = float(np.mean([sum(probe.floor_ns(cache, x) for x in per)
+                                              for per in nbytes])) / 1e3
+                    common = dict(V=v, R=n_requests, method=method, cache=cache,
+                                  rows_read_mean=float(np.mean([sum(per) for per in nbytes])) / (v * bi.F32),
+                                  bytes_mean=float(np.mean([sum(per) for per in nbytes])))
+                    group = {name: dict(common, impl=name, min_us=t.min_us, median_us=t.median_us)
+                             for name, t in times.items()}
+                    group["floor"] = dict(common, impl="floor", min_us=floor_us, median_us=floor_us)
+                    for g in group.values():
+                        g["us_per_request"] = g["min_us"] / n_requests
+                        g["ratio_to_floor_min"] = g["min_us"] / floor_us
+                        g["speedup_vs_loop"] = group["loop"]["median_us"] / g["median_us"]
+                    group["batch 2t"]["speedup_2t_vs_1t"] = group["batch 1t"]["min_us"] / group["batch 2t"]["min_us"]
+                    rows.extend(group.values())
+                    log(f"  batch V={v} R={n_requests:3d} {method:6s} {cache}: " + "  ".join(
+                        f"{name} {g['min_us']:.1f}" for name, g in group.items())
+                        + f" us  (÷floor 1t {group['batch 1t']['ratio_to_floor_min']:.2f}, "
+                          f"2t/1t {group['batch 2t']['speedup_2t_vs_1t']:.2f})")
             del batches
     return rows, overhead_rows(sv, settings, seed, time_round_robin, overhead_ns)
 
 
 def overhead_rows(sv, settings, seed, time_round_robin, overhead_ns):
-    """Per-call time at V = 8 for R = 1 and 256 (single thread): the slope is the per-request cost."""
+    """Per-call time at V = 8 for R = 1 and 256 (single thread, token-wise): the slope is the
+    per-request cost, an upper bound on the overhead beyond the kernel."""
+    import torch
+
     rng = np.random.default_rng(seed + 1)
     tau = bi.draft_noise_for_acceptance(OVERHEAD_V, bi.ACCEPTANCE, rng)
-    fns, calls = {}, {}
+    variants = {  # label: (function, its arguments from a batch)
+        "verify_batch, uniforms": (
+            lambda b: (lambda: sv.verify_batch(b["target"], b["draft"], b["tokens"], b["cu"],
+                                               uniforms=b["uniforms"], num_threads=1))),
+        "verify_batch, one numpy Generator": (
+            lambda b: (lambda g=np.random.default_rng(0): sv.verify_batch(
+                b["target"], b["draft"], b["tokens"], b["cu"], generator=g, num_threads=1))),
+        "verify_batch, a torch.Generator per request": (
+            lambda b: (lambda g=[torch.Generator().manual_seed(r) for r in range(b["cu"].size - 1)]:
+                       sv.verify_batch(b["target"], b["draft"], b["tokens"], b["cu"], generators=g,
+                                       num_threads=1))),
+        "loop of accept_from_uniforms": (
+            lambda b: (lambda views=batch_call(b, "token")[-1]: [sv.accept_from_uniforms(*a) for a in views])),
+    }
+    fns = {}
     for n_requests in OVERHEAD_REQUESTS:
         b = make_batch(OVERHEAD_V, n_requests, rng, tau)
-        target, draft, tokens, cu, uniforms = b
-        counts = np.diff(cu) + 1
-        label = f"R = {n_requests}"
-        fns[f"verify_batch, uniforms, {label}"] = lambda *a: sv.verify_batch(*a[:4], uniforms=a[4], num_threads=1)
-        calls[f"verify_batch, uniforms, {label}"] = [b]
-        fns[f"verify_batch, one numpy Generator, {label}"] = (
-            lambda t, d, k, c, g: sv.verify_batch(t, d, k, c, generator=g, num_threads=1))
-        calls[f"verify_batch, one numpy Generator, {label}"] = [(target, draft, tokens, cu, np.random.default_rng(0))]
-        import torch
-        gens = [torch.Generator().manual_seed(r) for r in range(n_requests)]
-        fns[f"verify_batch, a torch.Generator per request, {label}"] = (
-            lambda t, d, k, c, g: sv.verify_batch(t, d, k, c, generators=g, num_threads=1))
-        calls[f"verify_batch, a torch.Generator per request, {label}"] = [(target, draft, tokens, cu, gens)]
-        views = request_views(b)
-        fns[f"loop of accept_from_uniforms, {label}"] = lambda views: [sv.accept_from_uniforms(*a) for a in views]
-        calls[f"loop of accept_from_uniforms, {label}"] = [(views,)]
-        assert counts.sum() == uniforms.size
-    times = time_round_robin(fns, calls, settings["overhead_budget_s"] * len(fns), settings, overhead_ns)
+        for label, make in variants.items():
+            fns[f"{label}, R = {n_requests}"] = make(b)
+    times = time_round_robin(fns, {name: [()] for name in fns}, settings["overhead_budget_s"] * len(fns),
+                             settings, overhead_ns)
     out = [dict(call=name, V=OVERHEAD_V, min_us=t.min_us, median_us=t.median_us) for name, t in times.items()]
     first, last = OVERHEAD_REQUESTS
-    for prefix in ("verify_batch, uniforms", "verify_batch, one numpy Generator",
-                   "verify_batch, a torch.Generator per request", "loop of accept_from_uniforms"):
-        t0, t1 = times[f"{prefix}, R = {first}"].min_us, times[f"{prefix}, R = {last}"].min_us
-        out.append(dict(call=f"{prefix}: per-request slope", V=OVERHEAD_V,
+    for label in variants:
+        t0, t1 = times[f"{label}, R = {first}"].min_us, times[f"{label}, R = {last}"].min_us
+        out.append(dict(call=f"{label}: per-request slope", V=OVERHEAD_V,
                         min_us=(t1 - t0) / (last - first), median_us=float("nan")))
     return out
 
@@ -188,14 +204,14 @@ def table(rows):
     """One line per (V, R, cache): µs per call (min), per request, and the ratios."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["V"], r["R"], r["cache"]), {})[r["impl"]] = r
-    header = ["V", "R", "cache", "rows read", "batch 1t µs", "µs / request", "÷ floor (1t)",
+        groups.setdefault((r["V"], r["R"], r["method"], r["cache"]), {})[r["impl"]] = r
+    header = ["V", "R", "method", "cache", "rows read", "batch 1t µs", "µs / request", "÷ floor (1t)",
               "batch 2t µs", "2t speed-up", "loop µs", "× loop (1t)", "floor µs"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 3 + ["--:"] * (len(header) - 3)) + "|"]
-    for (v, n, cache), g in groups.items():
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 4 + ["--:"] * (len(header) - 4)) + "|"]
+    for (v, n, method, cache), g in groups.items():
         one, two, loop, floor = g["batch 1t"], g["batch 2t"], g["loop"], g["floor"]
         lines.append("| " + " | ".join([
-            str(v), str(n), cache, _fmt(float(floor["rows_read_mean"])), _fmt(one["min_us"]),
+            str(v), str(n), method, cache, _fmt(float(floor["rows_read_mean"])), _fmt(one["min_us"]),
             _fmt(float(one["us_per_request"])), _fmt(one["ratio_to_floor_min"]), _fmt(two["min_us"]),
             _fmt(two["speedup_2t_vs_1t"]), _fmt(loop["min_us"]),
             _fmt(float(loop["min_us"]) / float(one["min_us"])), _fmt(floor["min_us"])]) + " |")
@@ -208,11 +224,38 @@ def overhead_table(rows):
     return "\n".join(lines)
 
 
+def markdown(rows, overhead, meta=None):
+    load = ""
+    if meta:
+        load = (f" Load average {meta['load_start'].get('loadavg_1m', '?')} at start, "
+                f"{meta['load_end'].get('loadavg_1m', '?')} at end (2-thread numbers need a second "
+                "idle core).")
+    return "\n".join([
+        "### Batch rows: `verify_batch` (R requests, K_r uniform in 0..8, realistic drafts)",
+        "",
+        "µs per call (min over passes, averaged over the batches cycled); rows read = target + draft "
+        "rows the requests' kernels read; floor = sum of the requests' single-thread read floors; "
+        "loop = the single op (`accept_from_uniforms` / `verify_greedy`) per request on pre-sliced "
+        "views." + load,
+        "",
+        table(rows),
+        "",
+        overhead_table(overhead),
+        "",
+    ])
+
+
+def write(out_dir, rows, overhead):
+    from .bench import write_csv
+    write_csv(out_dir / CSV_NAME, rows, CSV_FIELDS)
+    write_csv(out_dir / OVERHEAD_CSV_NAME, overhead, ("call", "V", "min_us", "median_us"))
+
+
 def main(argv=None):
     """Batch rows alone, with the main bench's settings, probe and timing."""
     import argparse
-    import json
     import time
+    from pathlib import Path
 
     import torch
 
@@ -224,31 +267,29 @@ def main(argv=None):
     ap.add_argument("--requests", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)
     ap.add_argument("--vocabs", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)
     ap.add_argument("--seed", type=int, default=20261130)
-    ap.add_argument("--out-dir", default=str(bench.RESULTS_DIR))
+    ap.add_argument("--out-dir", type=Path, default=bench.RESULTS_DIR)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sv = bench.load_specverify()
     settings = dict(bench.QUICK if args.quick else bench.FULL)
     machine = bench.machine_info()
     settings.setdefault("cold_bytes", bench.default_cold_bytes(machine["caches_bytes"], machine["cores"]))
-    settings["batch_budget_s"] = args.budget or (4.0 if args.quick else 120.0)
+    sweep = dict(QUICK_SWEEP if args.quick else FULL_SWEEP)
+    sweep.update({k: v for k, v in (("budget_s", args.budget), ("requests", args.requests),
+                                    ("vocabs", args.vocabs)) if v is not None})
     probe = bi.ReadProbe(settings["cold_bytes"], reps=settings["probe_reps"],
                          budget_s=settings["probe_budget_s"], min_total=settings["probe_min_total"])
-    load_start, t0 = bench.load_snapshot(), time.perf_counter()
+    meta = dict(load_start=bench.load_snapshot())
+    t0 = time.perf_counter()
     rows, overhead = run(sv, settings, args.seed, probe, bench.time_round_robin, bench.timer_overhead_ns(),
-                         args.requests or (QUICK_REQUESTS if args.quick else REQUESTS),
-                         args.vocabs or (QUICK_VOCABS if args.quick else VOCABS))
-    meta = dict(machine=machine, load_start=load_start, load_end=bench.load_snapshot(),
-                elapsed_s=round(time.perf_counter() - t0, 1), settings=settings)
-    out = bench.Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bench.write_csv(out / "batch.csv", rows, CSV_FIELDS)
-    bench.write_csv(out / "batch_overhead.csv", overhead, ("call", "V", "min_us", "median_us"))
-    (out / "batch_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    report = "\n\n".join([table(rows), overhead_table(overhead)])
-    (out / "batch.md").write_text(report + "\n")
+                         sweep)
+    meta.update(load_end=bench.load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    write(args.out_dir, rows, overhead)
+    report = markdown(rows, overhead, meta)
+    (args.out_dir / MD_NAME).write_text(report)
     print(report)
-    print(f"load {meta['load_start']} -> {meta['load_end']}, {meta['elapsed_s']} s")
+    print(f"machine: {bench.machine_line(dict(machine=machine))}; {meta['elapsed_s']} s")
     return 0
 
 
