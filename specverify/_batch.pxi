@@ -148,7 +148,8 @@ cdef extern from *:
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the main thread's business */
         pthread_mutex_lock(&sv_pool.lock);
-        seen = sv_pool.generation;
+        /* Started by a call that has posted its job by the time this lock is ours: join it. */
+        seen = sv_pool.generation - 1;
         for (;;) {
             while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
             seen = sv_pool.generation;
