@@ -10,7 +10,7 @@ empirical mean, its standard error, z-score and the chi-square p-value of the ac
 histogram against the law's pmf (on counts, small bins merged); and the gain (block minus
 token-wise) by law and empirically, with the standard error of the paired differences.
 
-``python -m experiments.block`` runs the default grid (K 1..8 x V {256, 32000} x acceptance
+``python -m experiments.block`` runs the default grid (K 1..8 x V {256, 32000, 128256} x acceptance
 {0.5, 0.7, 0.9}; 3000 rounds per cell), caches every cell under ``results/block/cells/`` and the
 table under ``results/block/<key>/``, and draws ``media/block.png`` (also redrawn by
 ``python -m experiments.figures``).
@@ -30,7 +30,7 @@ from . import stats as st
 from .sweep import SerialExecutor, cells, load, run_cells, save_table  # noqa: F401 (SerialExecutor: tests)
 
 EXPERIMENT = "block"
-GRID = {"k": list(range(1, 9)), "vocab": [256, 32000], "acceptance": [0.5, 0.7, 0.9]}
+GRID = {"k": list(range(1, 9)), "vocab": [256, 32000, 128256], "acceptance": [0.5, 0.7, 0.9]}
 ROUNDS = 3000
 SEED = 0
 METHODS = ("token", "block")

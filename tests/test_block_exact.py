@@ -15,7 +15,7 @@ import pytest
 import specverify as sv
 from specverify import law, reference
 
-from exact import MarkovModel, chain_round_law, sequence_law, target_law, total_variation
+from exact import MarkovModel, chain_round_law, compose_rounds, target_law, total_variation
 
 LENGTH = 4
 EXACT_TV = 1e-9
@@ -148,7 +148,8 @@ def argmax_draft(draft):
 
 def composed_tv(op, cuts, target, draft, k, deterministic=False, context=(1,)):
     propose = argmax_draft(draft) if deterministic else None
-    got = sequence_law(lambda ctx: chain_round_law(op, cuts, target, draft, k, ctx, propose), context, LENGTH)
+    got = compose_rounds(lambda ctx: chain_round_law(op, cuts, target, draft, k, ctx, propose), context, LENGTH,
+                         advance=lambda ctx, emitted: (ctx + emitted)[-target.order:])
     return total_variation(got, target_law(target, context, LENGTH))
 
 
