@@ -264,6 +264,19 @@ cdef object _batch_rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, st
     return x
 
 
+cdef int _copy_bytes(object array, uint8_t* into, Py_ssize_t n) except -1:
+    """Copy n bytes out of a contiguous uint8 array that _inputs made (the call's own copy)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(array, &view, PyBUF_RECORDS_RO)
+    try:
+        if view.len != n or view.itemsize != 1:
+            raise AssertionError("expected a contiguous uint8 array")
+        memcpy(into, view.buf, n)
+    finally:
+        PyBuffer_Release(&view)
+    return 0
+
+
 cdef int _read_methods(object method, Py_ssize_t n_requests, uint8_t* codes) except -1:
     """Per-request method codes: one name for all, a sequence of names, or an integer array."""
     cdef Py_ssize_t r
@@ -275,9 +288,7 @@ cdef int _read_methods(object method, Py_ssize_t n_requests, uint8_t* codes) exc
         for r in range(n_requests):
             codes[r] = code
         return 0
-    array = _inputs.batch_methods(method, n_requests, _METHOD_CODES)
-    for r in range(n_requests):
-        codes[r] = array[r]
+    _copy_bytes(_inputs.batch_methods(method, n_requests, _METHOD_CODES), codes, n_requests)
     return 0
 
 
@@ -288,11 +299,12 @@ cdef int _read_draft_presence(object has_draft_probs, object draft_probs, Py_ssi
         for r in range(n_requests):
             has_draft[r] = draft_probs is not None
         return 0
-    mask = _inputs.batch_mask(has_draft_probs, n_requests, "has_draft_probs")
-    for r in range(n_requests):
-        has_draft[r] = mask[r]
-        if has_draft[r] and draft_probs is None:
-            raise ValueError(f"has_draft_probs[{r}] is True but draft_probs is None")
+    _copy_bytes(_inputs.batch_mask(has_draft_probs, n_requests, "has_draft_probs"), has_draft,
+                n_requests)
+    if draft_probs is None:
+        for r in range(n_requests):
+            if has_draft[r]:
+                raise ValueError(f"has_draft_probs[{r}] is True but draft_probs is None")
     return 0
 
 

@@ -153,13 +153,12 @@ def batch_methods(method, n_requests, codes):
         raise TypeError(f"method must be a name, a sequence of names or an integer array, got {type(method).__name__}") from None
     if len(method) != n_requests:
         raise ValueError(f"method must have one entry per request (R = {n_requests}), got {len(method)}")
-    out = np.empty(n_requests, dtype=np.uint8)
-    for r, name in enumerate(method):
-        code = codes.get(name, -1) if isinstance(name, str) else -1
-        if code < 0:
-            raise ValueError(f"method[{r}] = {name!r} is not one of {tuple(codes)}")
-        out[r] = code
-    return out
+    found = np.array([codes.get(name, -1) if type(name) is str else -1 for name in method], dtype=np.int16)
+    bad = np.flatnonzero(found < 0)
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(f"method[{r}] = {method[r]!r} is not one of {tuple(codes)}")
+    return found.astype(np.uint8)
 
 
 def batch_mask(mask, n_requests, name):
