@@ -1,5 +1,6 @@
 # Batched, ragged verification: many requests in one call, the GIL released, requests spread over
-# helper threads (included by _kernels.pyx after _chain.pxi, whose kernels it calls per request).
+# helper threads (included by _kernels.pyx after _chain.pxi and _block.pxi, whose kernels it calls
+# per request).
 #
 # Layout (vLLM model runner V2): request r owns draft tokens [cu[r], cu[r+1]) and target rows
 # [cu[r] + r, cu[r+1] + r + 1) (K_r + 1 rows, the last its bonus row); draft rows, when given, are
@@ -219,6 +220,8 @@ cdef int _default_threads = 0
 # (512 KB of float32, some 10-20 us of reading): a fork-join costs microseconds on a quiet machine
 # and a scheduler slice on a loaded one, more than a small batch gains from it.
 cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
+# Helper threads are kept for the process's life: never more than this many in all.
+cdef int MAX_THREADS = 64
 
 
 def default_num_threads():
@@ -420,7 +423,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
     if num_threads is not None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-        threads = min(num_threads, 1 << 16)
+        threads = min(num_threads, MAX_THREADS)
 
     # The call's own memory: int64 offsets, tokens and uniform starts, per-request statuses and
     # rows, then the uniforms (counted below) and the byte-wide per-request flags.

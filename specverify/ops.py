@@ -304,8 +304,8 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
         has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
             False).
         generator, generators, uniforms: the randomness, as above (at most one of them).
-        num_threads: threads to spread the requests over, never more than R: the calling thread
-            and helper threads (started once, kept) claim requests one at a time, and the call
+        num_threads: threads to spread the requests over (at most R, at most 64): the calling
+            thread and helper threads (started once, kept) claim requests one at a time; the call
             waits only for requests a helper has claimed, never for a helper that is late to run
             (a fork-join barrier costs scheduler slices on a loaded machine).  1 runs on the
             calling thread alone; so does a call made while another call holds the helpers.
