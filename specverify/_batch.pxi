@@ -217,8 +217,8 @@ cdef extern from *:
 cdef int _default_threads = 0
 
 # With num_threads=None, one more thread only per this many target elements the batch may read
-# (512 KB of float32, some 10-20 us of reading): a fork-join costs microseconds on a quiet machine
-# and a scheduler slice on a loaded one, more than a small batch gains from it.
+# (512 KB of float32, some 10-20 us of reading): waking a helper costs microseconds, more than a
+# small batch would gain from it.
 cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
 # Helper threads are kept for the process's life: never more than this many in all.
 cdef int MAX_THREADS = 64
