@@ -6,7 +6,9 @@ midpoint of every cell of its K + 1 uniforms (``tests/exact.py``), which gives e
 output law; rounds are composed until L = 4 tokens exist, and the law of those tokens must equal
 the target's joint law: total variation below 1e-9.  The same harness rejects each broken variant
 of section A.4 of the shared notes (TV far above 1e-9; the subtlest, block acceptance with the
-token-wise residual, is ~1e-2, which a chi-square test needs ~1e5 samples to see).
+token-wise residual, is ~1e-2, which a chi-square test needs ~1e5 samples to see).  Through the
+same harness accept is exact as well, its law of tau equals block's for one-hot drafts, and block's
+mean is never smaller for stochastic ones.
 """
 
 import numpy as np
@@ -59,8 +61,10 @@ def block_rule(target_rows, draft_rows, tokens, variant="correct"):
     elif variant == "tokenwise_ratio_longest_prefix":  # vllm-ascend #7807
         h = [min(1.0, x) for x in r]
         scale = [1.0] * (k + 1)
-    elif variant == "tokenwise_residual":
+    elif variant in ("tokenwise_residual", "token"):
         scale = [1.0] * (k + 1)
+    if variant == "token":  # not a variant: token-wise speculative sampling itself (sv.accept)
+        h = [min(1.0, x) for x in r]
     dists = []
     for i in range(k):
         w = np.maximum(scale[i] * P[i] - Q[i], 0.0)
@@ -73,7 +77,7 @@ def block_rule(target_rows, draft_rows, tokens, variant="correct"):
     def first_failure(passes):
         return next((i for i, ok in enumerate(passes) if not ok), len(passes))
 
-    return h, np.array(dists), first_failure if variant == "first_failure" else largest
+    return h, np.array(dists), first_failure if variant in ("first_failure", "token") else largest
 
 
 def inverse_cdf(dist, u):
@@ -193,6 +197,36 @@ def test_the_harness_rejects_broken_variants(variant):
     tvs = [composed_tv(rule_op(variant), cuts_for(variant), *model_pair(seed, vocab, order), k)
            for seed, vocab, order, k, det in CASES if k >= 2 and not det]
     assert max(tvs) > 1e-3, tvs
+
+
+def tau_law(round_law):
+    """Law of the accepted length from a round's law of emitted tuples."""
+    out = {}
+    for emitted, prob in round_law.items():
+        out[len(emitted) - 1] = out.get(len(emitted) - 1, 0.0) + prob
+    return out
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["one_hot", "stochastic"])
+def test_against_accept_exactly(deterministic):
+    """Through the same harness: accept is exact too; with a one-hot (deterministic) draft the two
+    ops' laws of tau are equal; with a stochastic draft block's E[tau] is never smaller."""
+    target, draft = model_pair(3, 4, 1)
+    propose = argmax_draft(draft) if deterministic else None
+    block_op = OPS.get("compiled", reference.accept_block)
+    token_op = sv.accept_from_uniforms
+    assert composed_tv(token_op, cuts_for("token"), target, draft, 3, deterministic) < EXACT_TV
+    gains = []
+    for context in [(0,), (1,), (2,), (3,)]:
+        block = tau_law(chain_round_law(block_op, cuts_for("correct"), target, draft, 3, context, propose))
+        token = tau_law(chain_round_law(token_op, cuts_for("token"), target, draft, 3, context, propose))
+        if deterministic:
+            assert all(abs(block.get(n, 0.0) - token.get(n, 0.0)) < 1e-12 for n in range(4))
+        mean = {name: sum(n * p for n, p in law_.items()) for name, law_ in (("block", block), ("token", token))}
+        gains.append(mean["block"] - mean["token"])
+    assert min(gains) > -1e-12
+    if not deterministic:
+        assert max(gains) > 0.01
 
 
 def test_round_law_mean_is_the_block_law():
