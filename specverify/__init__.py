@@ -10,9 +10,9 @@
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
-from . import law, reference, reference_tree, stats
-from .ops import (accept, accept_block, accept_block_from_uniforms, accept_from_uniforms, accept_tree,
-                  accept_tree_from_uniforms, verify_greedy, verify_tree_greedy)
+from . import batch, law, reference, reference_tree, stats
+from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_from_uniforms,
+                  accept_tree, accept_tree_from_uniforms, verify_batch, verify_greedy, verify_tree_greedy)
 
 __version__ = "0.1.0"
 
@@ -25,6 +25,8 @@ __all__ = [
     "verify_tree_greedy",
     "accept_tree",
     "accept_tree_from_uniforms",
+    "verify_batch",
+    "BATCH_METHODS",
     "SpeculativeDecoder",
     "law",
     "reference",

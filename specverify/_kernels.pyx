@@ -34,6 +34,7 @@ include "_args.pxi"
 include "_chain.pxi"
 include "_tree.pxi"
 include "_block.pxi"
+include "_batch.pxi"
 
 
 def block_size():
