@@ -53,13 +53,6 @@ def eagle_like_parents(n, branching=BRANCHING):
     return np.array(parents, dtype=np.int64)
 
 
-def children_of(parents):
-    children = [[] for _ in range(parents.size + 1)]
-    for i, parent in enumerate(parents):
-        children[parent + 1].append(i)
-    return children
-
-
 def draw_tokens(rule, target, draft, children, rng, alpha=bi.ACCEPTANCE):
     """``[N]`` tokens of a realistic tree for ``rule`` (see the module docstring)."""
     n, v = sum(len(k) for k in children), target.shape[1]
@@ -111,6 +104,7 @@ def tree_call(sv, rule):
 def run_tree_sweep(sv, settings, seed, probe, overhead_ns, time_round_robin, log=print, sizes=TREE_SIZES):
     """Rows (dicts) for every (V, N, rule, cache): specverify's min and median µs and the floor."""
     import torch
+    from specverify.law import tree_children  # bench itself runs without specverify; this sweep needs it
 
     rng = np.random.default_rng(seed + 14)
     cold_bytes = settings["cold_bytes"]
@@ -120,7 +114,7 @@ def run_tree_sweep(sv, settings, seed, probe, overhead_ns, time_round_robin, log
     pools = {}
     for v, n in sizes:
         parents = eagle_like_parents(n)
-        children = children_of(parents)
+        children = tree_children(parents)
         cold_rows = max(2 * (n + 1), math.ceil(cold_bytes / (v * bi.F32)))
         if v not in pools or pools[v].rows < cold_rows + n + 1:
             log(f"tree V={v}: generating {cold_rows + n + 1} target and draft rows")

@@ -15,6 +15,8 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``sv_sample_lookup``     specverify sampling, prompt-lookup draft (``accept(p, None, t)``)
 - ``sv_sample_lookup_tree`` specverify sampling, prompt-lookup tree (``accept_tree(p, None, t, parents)``)
 - ``sv_sample_ee``         specverify sampling, early-exit draft
+- ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
+                           more tokens per target pass from the same stochastic draft
 
 and reports tokens/s, tokens per target pass ("per round"), acceptance and the time split
 (draft / target / verify / other), and whether greedy output equals ``hf_greedy``'s. Results go to
@@ -62,7 +64,7 @@ PROMPTS = {
 }
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "sv_sample_lookup", "sv_sample_lookup_tree",
-           "sv_sample_ee"]
+           "sv_sample_ee", "sv_sample_ee_block"]
 FIELDS = ["config", "prompt", "repeat", "mode", "draft", "k", "node_budget", "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
           "other_s", "verify_share", "same_as_generate"]
@@ -141,7 +143,8 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         if passes is not None:
             target_step = _timed(target_step, passes)
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=row["k"], greedy=greedy,
-                                    generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos)
+                                    generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos,
+                                    method="block" if config.endswith("_block") else "token")
         t0 = time.perf_counter()
         out = dec.generate(prompt_ids, p["max_new"])
         seconds = time.perf_counter() - t0

@@ -293,7 +293,7 @@ cdef _Tree _copy_tree(object draft_tokens, object parents, _Held held):
     tree.first_child, tree.next_sibling = tree.memory + 2 * n, tree.memory + 3 * n + 1
     last_child = tree.memory + 4 * n + 1  # [N + 1]
     memcpy(tree.tokens, data, n * sizeof(int64_t))
-    _tokens(parents, "parents", &data, &n_parents, held)
+    parents = _tokens(parents, "parents", &data, &n_parents, held)  # keeps a converted copy alive
     if n_parents != n:
         raise ValueError(f"parents must have one entry per draft token ({n}), got {n_parents}")
     memcpy(tree.parents, data, n * sizeof(int64_t))

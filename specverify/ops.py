@@ -9,8 +9,12 @@ call returns as ``next_token`` is the recovered or bonus token: the *emitted* st
 
 from . import _kernels
 
-__all__ = ["verify_greedy", "accept", "accept_from_uniforms", "verify_tree_greedy", "accept_tree",
-           "accept_tree_from_uniforms"]
+__all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
+           "verify_tree_greedy", "accept_tree", "accept_tree_from_uniforms", "verify_batch",
+           "BATCH_METHODS"]
+
+# Per-request verification methods of verify_batch; a method's integer code is its index here.
+BATCH_METHODS = _kernels.BATCH_METHODS
 
 
 def verify_greedy(target_probs, draft_tokens):
@@ -103,6 +107,70 @@ def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
 
 
 
+def accept_block(target_probs, draft_probs, draft_tokens, generator=None):
+    """Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, "Block
+    Verification Accelerates Speculative Decoding", ICLR 2025, arXiv:2403.10444).
+
+    Same arguments, validation, randomness and return value as :func:`accept`; the draft block is
+    judged as a whole instead of token by token.  The emitted tokens are distributed exactly as
+    the target's, and the expected number accepted is never smaller than :func:`accept`'s
+    (equal for K = 1 and for one-hot drafts; larger for stochastic drafts with K >= 2).
+
+    With ``P_i``, ``Q_i`` the rows normalized by their float64 masses and ``t_i = draft_tokens[i]``:
+
+    - ``p_0 = 1``, ``p_i = min(1, p_{i-1} P_{i-1}(t_{i-1}) / Q_{i-1}(t_{i-1}))``, i = 1..K;
+    - for ``1 <= i < K``: ``Z_i = sum_v max(p_i P_i(v) - Q_i(v), 0)``,
+      ``h_i = Z_i / (Z_i + 1 - p_i)`` (``h_i = 1`` when ``p_i = 1``); ``h_K = p_K``;
+    - coin ``i`` passes iff ``u[i-1] < h_i``; the accepted length ``tau`` is the LARGEST passing
+      ``i`` (0 if none), not the first failure;
+    - emitted: ``t_0 .. t_{tau-1}``, then a draw with ``u[K]`` from ``P_K`` (bonus, ``tau = K``)
+      or from ``norm(max(p_tau P_tau - Q_tau, 0))`` (for ``tau = 0`` accept's residual).
+
+    Computed without normalizing: ``p_i = min(1, c / d)`` with ``c = p_{i-1} p(t) Q``,
+    ``d = q(t) P`` on the raw rows (masses ``P``, ``Q``); coin K is ``u * d < c``, which for
+    K = 1 is bit for bit accept's test; the residual weights are ``max(0, p - q P / (p_tau Q))``,
+    accept's with its mass ratio divided by ``p_tau``.  Edges, all exact:
+
+    - ``q_i(t_i) = 0 < p_i(t_i)`` (a token the draft gives no mass): ratio +inf, ``p_{i+1} = 1``
+      (as accept accepts it); such paths have draft probability 0, so the law is unaffected.
+    - ``p_i(t_i) = 0``: ``p_{i+1} = 0`` and every later ``p_j = 0``: no coin after ``i`` can pass.
+    - ``p_i = 0``: ``h_i = 0``; its residual is never needed.
+    - a residual whose mass is 0 after rounding: only reachable through rounding (in exact
+      arithmetic ``W_i = 0`` with ``p_i < 1`` gives ``h_i = 0``, and with ``p_i = 1`` every later
+      coin passes); the token is then drawn from ``P_tau`` itself, as accept does.
+    - ``p_i`` so small (< ~1e-290) that ``p_i Q`` underflows: the residual is then empty and the
+      coin fails; the error is bounded by ``p_i`` itself.
+    - ``draft_probs=None`` (a deterministic draft): ``Q_i`` is the point mass on ``t_i``, so
+      ``p_i = prod_{j<i} P_j(t_j)`` and the residual is ``P_tau`` without ``t_tau`` (the factor
+      ``p_tau`` cancels): the law of ``tau`` equals accept's (block verification helps only
+      stochastic drafts).
+
+    Every target row 0..K and draft row 0..K-1 is read once in a fused mass + validation pass
+    and validated whatever the uniforms, so bad input always raises.  ``tau`` is then found from
+    the top: coin K needs nothing more, coin ``i < K`` one residual pass over row pair ``i``
+    (the one that decides ``tau`` also serves the final draw), so rows ``tau..K-1`` are read
+    once more (none when coin K passes).
+
+    Randomness: exactly ``K + 1`` float64 uniforms drawn in one call, as :func:`accept`:
+    ``u[i - 1]`` is the coin of position ``i = 1..K`` and ``u[K]`` the final draw (inverse CDF
+    over token ids in increasing order).
+
+    Returns:
+        ``(n_accepted, next_token)`` as Python ints.
+
+    Raises:
+        TypeError, ValueError, IndexError: as :func:`accept`, for every row.
+    """
+    return _kernels.accept_block(target_probs, draft_probs, draft_tokens, generator)
+
+
+def accept_block_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
+    """``accept_block`` with its ``K + 1`` uniforms given explicitly (float64, each in ``[0, 1)``)."""
+    if uniforms is None:
+        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    return _kernels.accept_block(target_probs, draft_probs, draft_tokens, None, uniforms)
+
+
 # ---------------------------------------------------------------------------------------------
 # Trees of drafts (several candidates per position, one target pass for the whole tree).
 # ---------------------------------------------------------------------------------------------
@@ -188,3 +256,75 @@ def accept_tree_from_uniforms(target_probs, draft_probs, draft_tokens, parents, 
     if uniforms is None:
         raise TypeError("uniforms must be the N + 1 float64 uniforms of the call, got None")
     return _kernels.accept_tree(target_probs, draft_probs, draft_tokens, parents, None, uniforms, replacement)
+
+
+def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *, method="token",
+                 has_draft_probs=None, generator=None, generators=None, uniforms=None,
+                 num_threads=None):
+    """Verify a batch of R requests in one call: ragged drafts, per-request methods and streams.
+
+    Layout (vLLM model runner V2's; ``specverify.batch`` converts vLLM V1's and FlashInfer's):
+    request ``r`` owns the draft tokens ``draft_tokens[cu[r]:cu[r+1]]`` (``K_r = cu[r+1] - cu[r]``,
+    0 allowed), the target rows ``target_probs[cu[r] + r : cu[r+1] + r + 1]`` (``K_r + 1`` rows, the
+    last its bonus row) and, when it has them, the draft rows ``draft_probs[cu[r]:cu[r+1]]``.
+    Request ``r`` gets exactly what the single-request op of its method returns on its own rows:
+
+    - ``"greedy"``: ``verify_greedy`` (target rows are scores; negative values and -inf allowed);
+    - ``"token"``: ``accept`` (token-wise speculative sampling), with the request's draft rows, or
+      a point-mass draft (``accept(p, None, t)``) when ``has_draft_probs[r]`` is False;
+    - ``"block"``: ``accept_block`` (block verification), likewise with or without draft rows.
+
+    Randomness: a sampled request uses ``K_r + 1`` float64 uniforms, exactly the single op's; a
+    greedy one uses none.  They come, concatenated in request order (``sum over sampled r of
+    K_r + 1`` in all), from exactly one of:
+
+    - ``uniforms``: given explicitly (each in ``[0, 1)``);
+    - ``generators``: a list of R generators; request ``r`` draws its ``K_r + 1`` from
+      ``generators[r]`` in one call, exactly as ``accept(..., generator=generators[r])`` would
+      (greedy requests draw nothing: their entry may be None and is never advanced);
+    - ``generator``: one generator (or None: torch's default) drawing the whole batch's uniforms
+      in one call, i.e. the same as passing ``uniforms=`` that draw.
+
+    Whatever the batch composition and the thread count, request ``r``'s output is bit for bit the
+    single-request op's on the same uniforms (tested): requests are independent, each writes
+    only its own output row, and its sums follow the fixed order of ``_primitives.pxd``.
+
+    Args:
+        target_probs: ``[sum(K_r) + R, V]`` float rows (float32 read in place, others converted).
+        draft_probs: ``[sum(K_r), V]`` float rows aligned with ``draft_tokens``, or None (every
+            sampled request has a point-mass draft).  Rows of requests that do not read them
+            (greedy, or ``has_draft_probs[r]`` False) are never read or validated.
+        draft_tokens: ``[sum(K_r)]`` integer token ids, every one in ``[0, V)`` (-1 padding is
+            rejected: a shorter draft is a smaller ``K_r``).
+        cu_num_draft_tokens: ``[R + 1]`` integer offsets: a leading 0, non-decreasing, ending at
+            ``len(draft_tokens)``.
+        method: ``"greedy"``, ``"token"`` or ``"block"`` for every request, or per request
+            ``[R]``: a sequence of those names or an integer array of codes
+            (``BATCH_METHODS.index(name)``).
+        has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
+            False).
+        generator, generators, uniforms: the randomness, as above (at most one of them).
+        num_threads: threads to spread the requests over (at most R, at most 64): the calling
+            thread and helper threads (started once, kept) claim requests one at a time; the call
+            waits only for requests a helper has claimed, never for a helper that is late to run
+            (a fork-join barrier costs scheduler slices on a loaded machine).  1 runs on the
+            calling thread alone; so does a call made while another call holds the helpers.
+            None: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use (read once), but
+            only one thread per 2^17 target elements the batch may read (``(sum(K_r) + R) * V``):
+            waking a helper costs more than a small batch gains.
+
+    Returns:
+        ``(output_token_ids, num_accepted)``: ``[R, K_max + 1]`` int64 NumPy array (``K_max =
+        max K_r``) holding request ``r``'s emitted tokens ``draft_tokens[cu[r]:][:n] + [next]`` in
+        its row, padded with -1; and ``[R]`` int64 accepted counts ``n``.
+
+    Raises:
+        TypeError, ValueError, IndexError: as the single ops, and for offsets that do not start at
+        0, decrease, or disagree with ``draft_tokens`` or the row counts; a token outside
+        ``[0, V)`` (the message names the request and position); a generator count other than R;
+        a bad value or zero mass in a row a request reads (the message names the request and the
+        row, globally and within the request).  Nothing is returned when any request fails.
+    """
+    return _kernels.verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                                 method, has_draft_probs, generator, generators, uniforms,
+                                 num_threads)

@@ -33,17 +33,8 @@ exactly.  Each step is one more pass over ``p`` and ``q`` with a larger ``A``.
 
 import numpy as np
 
+from .law import tree_children  # children[r]: the nodes of position r, in index order
 from .reference import block_sums, ordered_total, residual_weights, row_mass, sample_index
-
-
-def tree_children(parents):
-    """``children[r]`` for positions ``r = 0..N``: the nodes whose parent is position r, in index
-    order.  Assumes valid parents (the ops validate theirs)."""
-    parents = np.asarray(parents, dtype=np.int64).reshape(-1)
-    children = [[] for _ in range(parents.size + 1)]
-    for i, parent in enumerate(parents):
-        children[int(parent) + 1].append(i)
-    return children
 
 
 def check_distinct_siblings(tokens, children, rule):

@@ -115,9 +115,14 @@ def test_generators_draw_n_plus_one_uniforms():
             expected = as_tuple(sv.accept_tree_from_uniforms(target, draft, tokens, parents, draw(make()),
                                                              replacement=replacement))
             assert got == expected
+    expected = as_tuple(sv.accept_tree(target, draft, tokens, parents, torch.Generator().manual_seed(3)))
     tensors = [torch.from_numpy(x) for x in (target, draft, tokens, parents)]
-    assert as_tuple(sv.accept_tree(*tensors, torch.Generator().manual_seed(3))) == as_tuple(
-        sv.accept_tree(target, draft, tokens, parents, torch.Generator().manual_seed(3)))
+    assert as_tuple(sv.accept_tree(*tensors, torch.Generator().manual_seed(3))) == expected
+    # Converted on the way in (a copy that must outlive its use): other integer dtypes, lists.
+    converted = (tensors[0], tensors[1], tensors[2].to(torch.int32), tensors[3].to(torch.int16))
+    assert as_tuple(sv.accept_tree(*converted, torch.Generator().manual_seed(3))) == expected
+    assert as_tuple(sv.accept_tree(target.astype(np.float64), draft, tokens.tolist(), parents.astype(np.int32),
+                                   torch.Generator().manual_seed(3))) == expected
 
 
 def test_rows_never_reached_are_not_read():
