@@ -3,13 +3,17 @@
     import specverify as sv
     n_accepted, next_token = sv.verify_greedy(target_probs, draft_tokens)          # greedy
     n_accepted, next_token = sv.accept(target_probs, draft_probs, draft_tokens, g)  # sampling
+    probs = sv.warp(logits, temperature=0.7, top_p=0.9)                            # logits in
+    n_accepted, next_token = sv.accept_logits(target_logits, draft_logits, draft_tokens, g,
+                                              temperature=0.7, top_p=0.9)
 
 ``sv.law`` holds the analytic law of rejection sampling, ``sv.reference`` slow NumPy references
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
 from . import law, reference, stats
-from .ops import accept, accept_from_uniforms, verify_greedy
+from .ops import (accept, accept_from_uniforms, accept_logits, accept_logits_from_uniforms,
+                  verify_greedy, warp)
 
 __version__ = "0.1.0"
 
@@ -17,6 +21,9 @@ __all__ = [
     "verify_greedy",
     "accept",
     "accept_from_uniforms",
+    "warp",
+    "accept_logits",
+    "accept_logits_from_uniforms",
     "SpeculativeDecoder",
     "law",
     "reference",

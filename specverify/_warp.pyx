@@ -1,0 +1,380 @@
+# cython: language_level=3
+"""Logits warping (temperature, top-k, top-p, min-p) in O(V), and verification from logits.
+
+The semantics, step by step, are those of ``specverify.reference_warp`` (the NumPy reference that
+sorts); this module returns the same float32 bits without sorting:
+
+- one pass finds the row maximum (``_row_argmax``, which also rejects NaN, +inf and rows that are
+  -inf everywhere), one vectorized pass writes ``w = exp32((x - max) * c)`` into the output;
+- a cut in the rank order (``w`` descending, ties by lower index) is found by a radix select over
+  the bits of ``w`` (non-negative floats order like their bits): a histogram of the top 12 bits
+  locates the bucket holding the cut, its tokens are listed in index order, and two more
+  10-bit levels over that list leave the tokens whose bits equal the cut value; those ties are
+  kept in index order.  Top-k counts tokens (weight 1 each); top-p adds the fixed-point weights
+  ``trunc(w * 2**40)`` in int64, whose sums are exact in any order, so the histogram gives the
+  reference's prefix sums exactly;
+- min-p is a compare against a float32 threshold, and the mass of what is left is summed in the
+  project's fixed order (``_row_mass``) before one scaling pass.
+
+Tokens with ``w = 0`` never change a cut's output (they rank after every positive weight and
+weigh nothing), so a cut after top-k only lists the tokens top-k left.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+
+import threading
+
+import numpy as np
+
+from . import _inputs
+from ._primitives cimport (OK, NO_MEMORY, BAD_SCORES, NO_FINITE_SCORE, BLOCK, _row_argmax,
+                          _row_mass)
+from ._chain cimport _accept
+
+# exp32's constants as float32 values (a double literal rounded once, as NumPy's np.float32 does).
+cdef extern from *:
+    """
+    #define SV_EXP_CUTOFF ((float) -86.0)
+    #define SV_LOG2E ((float) 1.44269504088896341)
+    #define SV_ROUND_MAGIC ((float) 12582912.0)
+    #define SV_LN2_HI ((float) 0.693359375)
+    #define SV_LN2_LO ((float) -2.12194440e-4)
+    #define SV_P0 ((float) 1.9875691500e-4)
+    #define SV_P1 ((float) 1.3981999507e-3)
+    #define SV_P2 ((float) 8.3334519073e-3)
+    #define SV_P3 ((float) 4.1665795894e-2)
+    #define SV_P4 ((float) 1.6666665459e-1)
+    #define SV_P5 ((float) 5.0000001201e-1)
+    #define SV_ONE ((float) 1.0)
+    #define SV_ZERO ((float) 0.0)
+    #define SV_FIXED_ONE ((float) 1099511627776.0)
+    """
+    const float EXP_CUTOFF "SV_EXP_CUTOFF"
+    const float LOG2E "SV_LOG2E"
+    const float ROUND_MAGIC "SV_ROUND_MAGIC"
+    const float LN2_HI "SV_LN2_HI"
+    const float LN2_LO "SV_LN2_LO"
+    const float P0 "SV_P0"
+    const float P1 "SV_P1"
+    const float P2 "SV_P2"
+    const float P3 "SV_P3"
+    const float P4 "SV_P4"
+    const float P5 "SV_P5"
+    const float ONE "SV_ONE"
+    const float ZERO "SV_ZERO"
+    const float FIXED_ONE "SV_FIXED_ONE"  # 2**40: top-p's fixed-point unit
+
+cdef enum:
+    RADIX = 1024          # buckets per level; level shifts 20, 10, 0 (w <= 1: bits >> 20 < 1024)
+    SUBHISTOGRAMS = 4     # interleaved histograms: a run of equal buckets is not one serial chain
+
+cdef union FloatBits:
+    float f
+    uint32_t u
+
+
+cdef inline float _exp32(float z) noexcept nogil:
+    """exp(z) for z <= 0 (Cephes' expf, float32 operations in the order stated in
+    ``reference_warp.exp32``); 0 below -86, 1 at 0.  Branch-free, so the loops that call it
+    vectorize."""
+    cdef float zc = z if z > EXP_CUTOFF else EXP_CUTOFF
+    cdef float n = (zc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC
+    cdef float r = (zc - n * LN2_HI) - n * LN2_LO
+    cdef float poly = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5
+    cdef float y = ((poly * r) * r + r) + ONE
+    cdef FloatBits scale
+    scale.u = (<uint32_t> (<int32_t> n + 127)) << 23
+    return y * scale.f if z >= EXP_CUTOFF else ZERO
+
+
+cdef struct Scratch:
+    double* block_sums   # [ceil(V / BLOCK)]
+    int32_t* listed      # [V] token ids of the current cut's bucket, in index order
+    int32_t* domain      # [V] token ids a cut looks at (NULL: the whole row)
+    int64_t* counts      # [SUBHISTOGRAMS * RADIX]
+    int64_t* masses      # [SUBHISTOGRAMS * RADIX]
+
+
+cdef int _scratch_alloc(Scratch* s, Py_ssize_t v) noexcept nogil:
+    s.block_sums = <double*> malloc(((v + BLOCK - 1) // BLOCK) * sizeof(double))
+    s.listed = <int32_t*> malloc(2 * v * sizeof(int32_t))
+    s.domain = s.listed + v
+    s.counts = <int64_t*> malloc(2 * SUBHISTOGRAMS * RADIX * sizeof(int64_t))
+    s.masses = s.counts + SUBHISTOGRAMS * RADIX
+    if s.block_sums == NULL or s.listed == NULL or s.counts == NULL:
+        _scratch_free(s)
+        return NO_MEMORY
+    return OK
+
+
+cdef void _scratch_free(Scratch* s) noexcept nogil:
+    free(s.block_sums)
+    free(s.listed)
+    free(s.counts)
+    s.block_sums, s.listed, s.counts = NULL, NULL, NULL
+
+
+cdef inline int64_t _fixed(float w) noexcept nogil:
+    """Top-p's fixed-point weight trunc(w * 2**40) (the product is exact for w <= 1)."""
+    return <int64_t> (w * FIXED_ONE)
+
+
+cdef inline Py_ssize_t _walk(const int64_t* counts, const int64_t* weights, int64_t* before,
+                             double threshold) noexcept nogil:
+    """The bucket holding the cut: walking buckets from the top (largest bits), the last non-empty
+    one whose first token has ``float64(before) < threshold``, where ``before`` (in: the weight
+    above every bucket of this level; out: the weight above the chosen bucket) grows by each
+    bucket's weight.  ``threshold > before`` on entry, so the top non-empty bucket qualifies."""
+    cdef int64_t above = before[0]
+    cdef Py_ssize_t b, chosen = RADIX - 1
+    for b in range(RADIX - 1, -1, -1):
+        if counts[b] == 0:
+            continue
+        if not <double> above < threshold:
+            break
+        chosen, before[0] = b, above
+        above += weights[b]
+    return chosen
+
+
+cdef inline void _fold(int64_t* h) noexcept nogil:
+    """Sum the SUBHISTOGRAMS interleaved histograms of ``h`` into its first RADIX entries."""
+    cdef Py_ssize_t b, s
+    for s in range(1, SUBHISTOGRAMS):
+        for b in range(RADIX):
+            h[b] += h[s * RADIX + b]
+
+
+cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n_domain,
+                     bint by_mass, double limit, Scratch* s) noexcept nogil:
+    """Zero every weight after the cut: the tokens kept are the rank-order prefix whose tokens
+    have ``float64(weight before them) < threshold``; weight 1 per token and threshold ``limit``
+    (top-k) or fixed-point masses and threshold ``limit * total`` (top-p).
+
+    w: [v] float32 weights, changed in place.  domain: the ids of every positive weight in index
+    order (n_domain of them), or NULL for the whole row.  Returns the number of tokens kept
+    among the domain."""
+    cdef const uint32_t* bits = <const uint32_t*> w
+    cdef int64_t* counts = s.counts
+    cdef int64_t* masses = s.masses
+    cdef int64_t* weights = masses if by_mass else counts
+    cdef int64_t before = 0, total = 0, q = 1
+    cdef int32_t* listed = s.listed
+    cdef Py_ssize_t j, i, b, n, n_listed, kept, n_above, level
+    cdef uint32_t prefix, cut_bits
+    cdef int shift
+    cdef double threshold
+    memset(counts, 0, 2 * SUBHISTOGRAMS * RADIX * sizeof(int64_t))
+    # Level 1: histogram of bits >> 20 over the domain.
+    n = v if domain == NULL else n_domain
+    for i in range(n):
+        j = i if domain == NULL else domain[i]
+        b = (i % SUBHISTOGRAMS) * RADIX + (bits[j] >> 20)
+        counts[b] += 1
+        if by_mass:
+            masses[b] += _fixed(w[j])
+    _fold(counts)
+    if by_mass:
+        _fold(masses)
+        for b in range(RADIX):
+            total += masses[b]
+        threshold = limit * <double> total
+    else:
+        threshold = limit
+    prefix = <uint32_t> _walk(counts, weights, &before, threshold)
+    n_listed = 0
+    for i in range(n):  # the chosen bucket's tokens, in index order (branch-free append)
+        j = i if domain == NULL else domain[i]
+        listed[n_listed] = <int32_t> j
+        n_listed += (bits[j] >> 20) == prefix
+    # Levels 2 and 3: the next 10 bits, over the listed tokens only.
+    for level in range(2):
+        shift = 10 - 10 * level
+        memset(counts, 0, RADIX * sizeof(int64_t))
+        memset(masses, 0, RADIX * sizeof(int64_t))
+        for i in range(n_listed):
+            b = (bits[listed[i]] >> shift) & (RADIX - 1)
+            counts[b] += 1
+            if by_mass:
+                masses[b] += _fixed(w[listed[i]])
+        b = _walk(counts, weights, &before, threshold)
+        prefix = (prefix << 10) | <uint32_t> b
+        n = n_listed
+        n_listed = 0
+        for i in range(n):
+            listed[n_listed] = listed[i]
+            n_listed += ((bits[listed[i]] >> shift) & (RADIX - 1)) == <uint32_t> b
+    # The listed tokens all have bits == cut_bits: keep them in index order while the weight
+    # before each stays under the threshold (at least the first: _walk chose their bucket so).
+    cut_bits = prefix
+    if by_mass:
+        q = _fixed(w[listed[0]])
+    kept = 0
+    while kept < n_listed and <double> before < threshold:
+        before += q
+        kept += 1
+    n_above = 0
+    if domain == NULL:
+        # hot loop: cut mask
+        for j in range(v):
+            n_above += bits[j] > cut_bits
+            w[j] = w[j] if bits[j] >= cut_bits else ZERO
+    else:
+        for i in range(n_domain):
+            j = domain[i]
+            n_above += bits[j] > cut_bits
+            w[j] = w[j] if bits[j] >= cut_bits else ZERO
+    for i in range(kept, n_listed):
+        w[listed[i]] = ZERO
+    return n_above + kept
+
+
+cdef Py_ssize_t _positive(const float* w, Py_ssize_t v, int32_t* domain) noexcept nogil:
+    """The ids of the positive weights in index order into ``domain``; returns their number."""
+    cdef Py_ssize_t j, n = 0
+    for j in range(v):
+        domain[n] = <int32_t> j
+        n += w[j] > ZERO
+    return n
+
+
+cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, double top_p,
+                   float min_p, float* out, Scratch* s) noexcept nogil:
+    """One row of logits x [v] -> probabilities out [v] (steps 1-7 of ``reference_warp``).
+    out may be x itself: x is read only before out is written (the argmax, then element j of
+    the exp pass before element j is written)."""
+    cdef int status
+    cdef Py_ssize_t j, best, n_domain = v
+    cdef float top, inverse
+    cdef double mass
+    cdef uint32_t max_bits
+    best = _row_argmax(x, v, &status)
+    if status != OK:  # BAD_SCORES (NaN or +inf) or NO_FINITE_SCORE
+        return status
+    top = x[best]
+    # hot loop: weights
+    for j in range(v):
+        out[j] = _exp32((x[j] - top) * scale)
+    if 0 < top_k < v:
+        n_domain = _cut(out, v, NULL, v, False, <double> top_k, s)
+    if top_p < 1.0:
+        if n_domain < v:  # top-k left few tokens: list them once
+            n_domain = _positive(out, v, s.domain)
+            _cut(out, v, s.domain, n_domain, True, top_p, s)
+        else:
+            _cut(out, v, NULL, v, True, top_p, s)
+    if min_p > ZERO:
+        # hot loop: min-p mask
+        for j in range(v):
+            out[j] = out[j] if out[j] >= min_p else ZERO
+    mass = _row_mass(out, v, s.block_sums, &max_bits)
+    inverse = <float> (1.0 / mass)
+    # hot loop: normalize
+    for j in range(v):
+        out[j] = out[j] * inverse
+    return OK
+
+
+# ---------------------------------------------------------------------------------------------
+# Entries.  specverify.ops validates the scalar settings; rows and out are checked here.
+# ---------------------------------------------------------------------------------------------
+
+cdef int _warp_rows(const float* x, Py_ssize_t x_stride, Py_ssize_t n, Py_ssize_t v,
+                    float scale, Py_ssize_t top_k, double top_p, float min_p, float* out,
+                    Py_ssize_t out_stride, Py_ssize_t* bad_row) noexcept nogil:
+    """Rows x [n, v] (x_stride floats apart) -> out [n, v] (out_stride apart)."""
+    cdef Scratch s
+    cdef Py_ssize_t i
+    cdef int status = _scratch_alloc(&s, v)
+    if status != OK:
+        return status
+    for i in range(n):
+        status = _warp_row(x + i * x_stride, v, scale, top_k, top_p, min_p,
+                           out + i * out_stride, &s)
+        if status != OK:
+            bad_row[0] = i
+            break
+    _scratch_free(&s)
+    return status
+
+
+cdef object _raise_row_status(int status, str name, object rows, Py_ssize_t row):
+    if status == BAD_SCORES:
+        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(rows, row), name, row,
+                                                     allow_negative=True)
+                         + " (logits must be finite or -inf)")
+    if status == NO_FINITE_SCORE:
+        raise ValueError(f"{name}[{row}] is -inf everywhere: no token can be sampled")
+    if status == NO_MEMORY:
+        raise MemoryError("specverify: could not allocate the warp kernel's scratch memory")
+    raise RuntimeError(f"specverify warp kernel returned unknown status {status}")
+
+
+def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float min_p):
+    """Kernel entry of ``specverify.warp``: logits and out are C-contiguous float32 [n, V]
+    ndarrays (out writable; out may be logits itself), the settings already validated and
+    converted (``scale = temperature_scale(T)``, ``min_p = min_p_threshold(min_p)`` or 0)."""
+    cdef const float[:, ::1] x = logits
+    cdef float[:, ::1] o = out
+    cdef Py_ssize_t bad_row = -1, n = x.shape[0], v = x.shape[1]
+    cdef int status
+    if n == 0:
+        return out
+    with nogil:
+        status = _warp_rows(&x[0, 0], v, n, v, scale, top_k, top_p, min_p, &o[0, 0], v,
+                            &bad_row)
+    if status != OK:
+        _raise_row_status(status, "logits", logits, bad_row)
+    return out
+
+
+cdef object _per_thread = threading.local()
+
+
+cdef float[:, ::1] _scratch_rows(Py_ssize_t rows, Py_ssize_t v):
+    """This thread's float32 scratch of at least [rows, v], reused from call to call (a fresh
+    multi-megabyte allocation per call would cost its page faults every time)."""
+    cdef object held = getattr(_per_thread, "rows", None)
+    if held is None or held.size < rows * v:
+        held = _per_thread.rows = np.empty(rows * v, dtype=np.float32)
+    return held[: rows * v].reshape(rows, v)
+
+
+def accept_logits(target_logits, draft_logits, draft_tokens, uniforms, float scale,
+                  Py_ssize_t top_k, double top_p, float min_p):
+    """Kernel entry of ``specverify.accept_logits``: target_logits [K+1, V] and draft_logits
+    [K, V] (or None) C-contiguous float32 ndarrays, draft_tokens [K] int64 (the call's own copy,
+    range-checked), uniforms [K+1] float64 in [0, 1); settings as for ``warp_into``.  Both sides
+    are warped into this thread's scratch rows, then verified by the chain kernel ``_accept``."""
+    cdef const float[:, ::1] target = target_logits
+    cdef const float[:, ::1] draft
+    cdef const int64_t[::1] tokens = draft_tokens
+    cdef const double[::1] u = uniforms
+    cdef Py_ssize_t k = tokens.shape[0], v = target.shape[1], bad_row = -1, n_accepted = 0
+    cdef int64_t next_token = -1
+    cdef bint has_draft = draft_logits is not None
+    cdef float[:, ::1] warped = _scratch_rows(2 * k + 1 if has_draft else k + 1, v)
+    cdef const float* draft_rows = NULL
+    cdef int status
+    cdef bint draft_failed = False
+    if has_draft:
+        draft = draft_logits
+        draft_rows = &draft[0, 0] if k > 0 else NULL
+    with nogil:
+        status = _warp_rows(&target[0, 0], v, k + 1, v, scale, top_k, top_p, min_p,
+                            &warped[0, 0], v, &bad_row)
+        if status == OK and draft_rows != NULL:
+            status = _warp_rows(draft_rows, v, k, v, scale, top_k, top_p, min_p,
+                                &warped[k + 1, 0], v, &bad_row)
+            draft_failed = status != OK
+        if status == OK:
+            status = _accept(&warped[0, 0], v, &warped[k + 1, 0] if draft_rows != NULL else NULL,
+                             v, &tokens[0] if k > 0 else NULL, k, v, &u[0], &n_accepted,
+                             &next_token, &bad_row)
+    if status != OK:
+        if draft_failed:
+            _raise_row_status(status, "draft_logits", draft_logits, bad_row)
+        _raise_row_status(status, "target_logits", target_logits, bad_row)
+    return n_accepted, next_token
