@@ -124,3 +124,52 @@ def test_kept_tokens_agree_with_transformers(settings):
 ], ids=["top_p", "top_k", "min_p"])
 def test_the_agreement_test_rejects_a_shifted_cut(settings, ours):
     assert agreement_counts(settings, ours)["unexplained"] > 0
+
+
+# -- the transformers integration ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def test_sampling_rows_and_the_processor_are_sv_warp():
+    from specverify.integrations.transformers import Sampling, WarpLogitsProcessor
+
+    logits = 3 * torch.randn(4, 300, generator=torch.Generator().manual_seed(1))
+    settings = dict(temperature=0.8, top_k=40, top_p=0.9, min_p=0.02)
+    want = sv.warp(logits, **settings)
+    assert torch.equal(Sampling(greedy=False, **settings).rows(logits), want)
+    scores = WarpLogitsProcessor(**settings)(None, logits)
+    assert torch.equal(torch.isfinite(scores), want > 0)
+    torch.testing.assert_close(torch.softmax(scores, dim=-1), want)
+    with pytest.raises(ValueError, match="top_p"):
+        WarpLogitsProcessor(top_p=0.0)
+
+
+def test_generate_with_the_processor(tiny):
+    from transformers import LogitsProcessorList
+
+    from specverify.integrations.transformers import WarpLogitsProcessor
+
+    prompt = torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(2))
+    plain = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=20, pad_token_id=0)
+    greedy = tiny.generate(prompt, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    # top_k = 1 keeps the first argmax only: sampling is then greedy decoding.
+    torch.manual_seed(3)
+    out = tiny.generate(prompt, logits_processor=LogitsProcessorList([WarpLogitsProcessor(top_k=1)]), **plain)
+    assert torch.equal(out, greedy)
+    # top-p: every sampled token lies in its step's kept set.
+    torch.manual_seed(4)
+    out = tiny.generate(prompt, logits_processor=LogitsProcessorList([WarpLogitsProcessor(top_p=0.5)]),
+                        return_dict_in_generate=True, output_scores=True, **plain)
+    chosen = out.sequences[0, prompt.shape[1]:]
+    kept = torch.stack([torch.isfinite(s[0]) for s in out.scores])  # [20, V]
+    assert kept[torch.arange(20), chosen].all()
+    assert (kept.sum(dim=1) < 97).all()  # top-p 0.5 did cut
