@@ -5,8 +5,8 @@
   every op reuses (block sums, residual block sums, validation max, blocked argmax, inverse-CDF
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
-- one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``), holding
-  its nogil kernels and its entry points.
+- one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
+  ``_warp.pxi``: ``warp`` and ``accept_logits``), holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
 one extension module rather than one each: Cython links separate modules through imports by
@@ -31,6 +31,7 @@ from ._primitives cimport *
 
 include "_args.pxi"
 include "_chain.pxi"
+include "_warp.pxi"
 
 
 def block_size():

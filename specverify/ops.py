@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from . import _inputs, _kernels, _warp
+from . import _inputs, _kernels
 from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "warp", "accept_logits",
@@ -190,7 +190,7 @@ def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
     if np.may_share_memory(target, rows) and not (
             target.__array_interface__["data"][0] == rows.__array_interface__["data"][0]):
         raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
-    _warp.warp_into(rows, target, scale, top_k, top_p, min_p)
+    _kernels.warp_into(rows, target, scale, top_k, top_p, min_p)
     return result
 
 
@@ -245,19 +245,5 @@ def accept_logits_from_uniforms(target_logits, draft_logits, draft_tokens, unifo
 def _accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms,
                    temperature, top_k, top_p, min_p):
     scale, top_k, top_p, min_p = _warp_settings(temperature, top_k, top_p, min_p)
-    tokens = np.array(_inputs.tokens_int64(draft_tokens), dtype=np.int64, copy=True)  # our copy
-    k = tokens.size
-    target, _ = _c_rows(target_logits, "target_logits", rows=k + 1)
-    vocab = target.shape[1]
-    draft = None
-    if draft_logits is not None:
-        draft, _ = _c_rows(draft_logits, "draft_logits", rows=k, cols=vocab)
-    bad = np.flatnonzero((tokens < 0) | (tokens >= vocab))
-    if bad.size:
-        i = int(bad[0])
-        raise IndexError(f"draft_tokens[{i}] = {int(tokens[i])} is not a token id in [0, {vocab})")
-    if uniforms is None:
-        u = np.asarray(_inputs.draw_uniforms(generator, k + 1), dtype=np.float64)
-    else:
-        u = _inputs.uniforms_float64(uniforms, k + 1)
-    return _warp.accept_logits(target, draft, tokens, u, scale, top_k, top_p, min_p)
+    return _kernels.accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms,
+                                  scale, top_k, top_p, min_p)

@@ -1,37 +1,27 @@
-# cython: language_level=3
-"""Logits warping (temperature, top-k, top-p, min-p) in O(V), and verification from logits.
+# Logits warping family (included by _kernels.pyx): warp and accept_logits.
+#
+# Logits warping (temperature, top-k, top-p, min-p) in O(V), and verification from logits.
+#
+# The semantics, step by step, are those of ``specverify.reference_warp`` (the NumPy reference that
+# sorts); this module returns the same float32 bits without sorting:
+#
+# - one pass finds the row maximum (``_row_argmax``, which also rejects NaN, +inf and rows that are
+#   -inf everywhere), one vectorized pass writes ``w = exp32((x - max) * c)`` into the output;
+# - a cut in the rank order (``w`` descending, ties by lower index) is found by a radix select over
+#   the bits of ``w`` (non-negative floats order like their bits): a histogram of the top 12 bits
+#   locates the bucket holding the cut, its tokens are listed in index order, and two more
+#   10-bit levels over that list leave the tokens whose bits equal the cut value; those ties are
+#   kept in index order.  Top-k counts tokens (weight 1 each); top-p adds the fixed-point weights
+#   ``trunc(w * 2**40)`` in int64, whose sums are exact in any order, so the histogram gives the
+#   reference's prefix sums exactly;
+# - min-p is a compare against a float32 threshold, and the mass of what is left is summed in the
+#   project's fixed order (``_row_mass``) before one scaling pass.
+#
+# Tokens with ``w = 0`` never change a cut's output (they rank after every positive weight and
+# weigh nothing), so a cut after top-k only lists the tokens top-k left.
 
-The semantics, step by step, are those of ``specverify.reference_warp`` (the NumPy reference that
-sorts); this module returns the same float32 bits without sorting:
 
-- one pass finds the row maximum (``_row_argmax``, which also rejects NaN, +inf and rows that are
-  -inf everywhere), one vectorized pass writes ``w = exp32((x - max) * c)`` into the output;
-- a cut in the rank order (``w`` descending, ties by lower index) is found by a radix select over
-  the bits of ``w`` (non-negative floats order like their bits): a histogram of the top 12 bits
-  locates the bucket holding the cut, its tokens are listed in index order, and two more
-  10-bit levels over that list leave the tokens whose bits equal the cut value; those ties are
-  kept in index order.  Top-k counts tokens (weight 1 each); top-p adds the fixed-point weights
-  ``trunc(w * 2**40)`` in int64, whose sums are exact in any order, so the histogram gives the
-  reference's prefix sums exactly;
-- min-p is a compare against a float32 threshold, and the mass of what is left is summed in the
-  project's fixed order (``_row_mass``) before one scaling pass.
-
-Tokens with ``w = 0`` never change a cut's output (they rank after every positive weight and
-weigh nothing), so a cut after top-k only lists the tokens top-k left.
-"""
-
-from libc.stdint cimport int32_t, int64_t, uint32_t
-from libc.stdlib cimport malloc, free
-from libc.string cimport memset
-
-import threading
-
-import numpy as np
-
-from . import _inputs
-from ._primitives cimport (OK, NO_MEMORY, BAD_SCORES, NO_FINITE_SCORE, BLOCK, _row_argmax,
-                          _row_mass)
-from ._chain cimport _accept
+from libc.string cimport memcpy, memset
 
 # exp32's constants as float32 values (a double literal rounded once, as NumPy's np.float32 does).
 cdef extern from *:
@@ -56,14 +46,14 @@ cdef extern from *:
     const float ROUND_MAGIC "SV_ROUND_MAGIC"
     const float LN2_HI "SV_LN2_HI"
     const float LN2_LO "SV_LN2_LO"
-    const float P0 "SV_P0"
-    const float P1 "SV_P1"
-    const float P2 "SV_P2"
-    const float P3 "SV_P3"
-    const float P4 "SV_P4"
-    const float P5 "SV_P5"
-    const float ONE "SV_ONE"
-    const float ZERO "SV_ZERO"
+    const float EXP_P0 "SV_P0"
+    const float EXP_P1 "SV_P1"
+    const float EXP_P2 "SV_P2"
+    const float EXP_P3 "SV_P3"
+    const float EXP_P4 "SV_P4"
+    const float EXP_P5 "SV_P5"
+    const float F32_ONE "SV_ONE"
+    const float F32_ZERO "SV_ZERO"
     const float FIXED_ONE "SV_FIXED_ONE"  # 2**40: top-p's fixed-point unit
 
 cdef enum:
@@ -82,14 +72,14 @@ cdef inline float _exp32(float z) noexcept nogil:
     cdef float zc = z if z > EXP_CUTOFF else EXP_CUTOFF
     cdef float n = (zc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC
     cdef float r = (zc - n * LN2_HI) - n * LN2_LO
-    cdef float poly = ((((P0 * r + P1) * r + P2) * r + P3) * r + P4) * r + P5
-    cdef float y = ((poly * r) * r + r) + ONE
+    cdef float poly = ((((EXP_P0 * r + EXP_P1) * r + EXP_P2) * r + EXP_P3) * r + EXP_P4) * r + EXP_P5
+    cdef float y = ((poly * r) * r + r) + F32_ONE
     cdef FloatBits scale
     scale.u = (<uint32_t> (<int32_t> n + 127)) << 23
-    return y * scale.f if z >= EXP_CUTOFF else ZERO
+    return y * scale.f if z >= EXP_CUTOFF else F32_ZERO
 
 
-cdef struct Scratch:
+cdef struct WarpScratch:
     double* block_sums   # [ceil(V / BLOCK)]
     int32_t* listed      # [V] token ids of the current cut's bucket, in index order
     int32_t* domain      # [V] token ids a cut looks at (NULL: the whole row)
@@ -97,19 +87,19 @@ cdef struct Scratch:
     int64_t* masses      # [SUBHISTOGRAMS * RADIX]
 
 
-cdef int _scratch_alloc(Scratch* s, Py_ssize_t v) noexcept nogil:
+cdef int _warp_scratch_alloc(WarpScratch* s, Py_ssize_t v) noexcept nogil:
     s.block_sums = <double*> malloc(((v + BLOCK - 1) // BLOCK) * sizeof(double))
     s.listed = <int32_t*> malloc(2 * v * sizeof(int32_t))
     s.domain = s.listed + v
     s.counts = <int64_t*> malloc(2 * SUBHISTOGRAMS * RADIX * sizeof(int64_t))
     s.masses = s.counts + SUBHISTOGRAMS * RADIX
     if s.block_sums == NULL or s.listed == NULL or s.counts == NULL:
-        _scratch_free(s)
+        _warp_scratch_free(s)
         return NO_MEMORY
     return OK
 
 
-cdef void _scratch_free(Scratch* s) noexcept nogil:
+cdef void _warp_scratch_free(WarpScratch* s) noexcept nogil:
     free(s.block_sums)
     free(s.listed)
     free(s.counts)
@@ -148,7 +138,7 @@ cdef inline void _fold(int64_t* h) noexcept nogil:
 
 
 cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n_domain,
-                     bint by_mass, double limit, Scratch* s) noexcept nogil:
+                     bint by_mass, double limit, WarpScratch* s) noexcept nogil:
     """Zero every weight after the cut: the tokens kept are the rank-order prefix whose tokens
     have ``float64(weight before them) < threshold``; weight 1 per token and threshold ``limit``
     (top-k) or fixed-point masses and threshold ``limit * total`` (top-p).
@@ -220,14 +210,14 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
         # hot loop: cut mask
         for j in range(v):
             n_above += bits[j] > cut_bits
-            w[j] = w[j] if bits[j] >= cut_bits else ZERO
+            w[j] = w[j] if bits[j] >= cut_bits else F32_ZERO
     else:
         for i in range(n_domain):
             j = domain[i]
             n_above += bits[j] > cut_bits
-            w[j] = w[j] if bits[j] >= cut_bits else ZERO
+            w[j] = w[j] if bits[j] >= cut_bits else F32_ZERO
     for i in range(kept, n_listed):
-        w[listed[i]] = ZERO
+        w[listed[i]] = F32_ZERO
     return n_above + kept
 
 
@@ -236,12 +226,12 @@ cdef Py_ssize_t _positive(const float* w, Py_ssize_t v, int32_t* domain) noexcep
     cdef Py_ssize_t j, n = 0
     for j in range(v):
         domain[n] = <int32_t> j
-        n += w[j] > ZERO
+        n += w[j] > F32_ZERO
     return n
 
 
 cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, double top_p,
-                   float min_p, float* out, Scratch* s) noexcept nogil:
+                   float min_p, float* out, WarpScratch* s) noexcept nogil:
     """One row of logits x [v] -> probabilities out [v] (steps 1-7 of ``reference_warp``).
     out may be x itself: x is read only before out is written (the argmax, then element j of
     the exp pass before element j is written)."""
@@ -265,10 +255,10 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
             _cut(out, v, s.domain, n_domain, True, top_p, s)
         else:
             _cut(out, v, NULL, v, True, top_p, s)
-    if min_p > ZERO:
+    if min_p > F32_ZERO:
         # hot loop: min-p mask
         for j in range(v):
-            out[j] = out[j] if out[j] >= min_p else ZERO
+            out[j] = out[j] if out[j] >= min_p else F32_ZERO
     mass = _row_mass(out, v, s.block_sums, &max_bits)
     inverse = <float> (1.0 / mass)
     # hot loop: normalize
@@ -285,9 +275,9 @@ cdef int _warp_rows(const float* x, Py_ssize_t x_stride, Py_ssize_t n, Py_ssize_
                     float scale, Py_ssize_t top_k, double top_p, float min_p, float* out,
                     Py_ssize_t out_stride, Py_ssize_t* bad_row) noexcept nogil:
     """Rows x [n, v] (x_stride floats apart) -> out [n, v] (out_stride apart)."""
-    cdef Scratch s
+    cdef WarpScratch s
     cdef Py_ssize_t i
-    cdef int status = _scratch_alloc(&s, v)
+    cdef int status = _warp_scratch_alloc(&s, v)
     if status != OK:
         return status
     for i in range(n):
@@ -296,7 +286,7 @@ cdef int _warp_rows(const float* x, Py_ssize_t x_stride, Py_ssize_t n, Py_ssize_
         if status != OK:
             bad_row[0] = i
             break
-    _scratch_free(&s)
+    _warp_scratch_free(&s)
     return status
 
 
@@ -330,49 +320,63 @@ def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float mi
     return out
 
 
-cdef object _per_thread = threading.local()
+cdef object _warp_per_thread = threading.local()
 
 
 cdef float[:, ::1] _scratch_rows(Py_ssize_t rows, Py_ssize_t v):
     """This thread's float32 scratch of at least [rows, v], reused from call to call (a fresh
     multi-megabyte allocation per call would cost its page faults every time)."""
-    cdef object held = getattr(_per_thread, "rows", None)
+    cdef object held = getattr(_warp_per_thread, "rows", None)
     if held is None or held.size < rows * v:
-        held = _per_thread.rows = np.empty(rows * v, dtype=np.float32)
+        held = _warp_per_thread.rows = np.empty(rows * v, dtype=np.float32)
     return held[: rows * v].reshape(rows, v)
 
 
-def accept_logits(target_logits, draft_logits, draft_tokens, uniforms, float scale,
+def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
                   Py_ssize_t top_k, double top_p, float min_p):
-    """Kernel entry of ``specverify.accept_logits``: target_logits [K+1, V] and draft_logits
-    [K, V] (or None) C-contiguous float32 ndarrays, draft_tokens [K] int64 (the call's own copy,
-    range-checked), uniforms [K+1] float64 in [0, 1); settings as for ``warp_into``.  Both sides
-    are warped into this thread's scratch rows, then verified by the chain kernel ``_accept``."""
-    cdef const float[:, ::1] target = target_logits
-    cdef const float[:, ::1] draft
-    cdef const int64_t[::1] tokens = draft_tokens
-    cdef const double[::1] u = uniforms
-    cdef Py_ssize_t k = tokens.shape[0], v = target.shape[1], bad_row = -1, n_accepted = 0
+    """Kernel entry of ``specverify.accept_logits`` (uniforms None: drawn from generator), the
+    settings validated and converted as for ``warp_into``.  Both sides are warped into this
+    thread's scratch rows, then verified by the chain kernel ``_accept``."""
+    cdef _Held held = _Held()
+    cdef Rows target, draft
+    cdef const int64_t* given
+    cdef int64_t* tokens
+    cdef const double* u
+    cdef Py_ssize_t k, v, n_accepted = 0, bad_row = -1
     cdef int64_t next_token = -1
-    cdef bint has_draft = draft_logits is not None
-    cdef float[:, ::1] warped = _scratch_rows(2 * k + 1 if has_draft else k + 1, v)
-    cdef const float* draft_rows = NULL
+    cdef float[:, ::1] warped
+    cdef float* warped_draft = NULL
     cdef int status
     cdef bint draft_failed = False
-    if has_draft:
-        draft = draft_logits
-        draft_rows = &draft[0, 0] if k > 0 else NULL
-    with nogil:
-        status = _warp_rows(&target[0, 0], v, k + 1, v, scale, top_k, top_p, min_p,
-                            &warped[0, 0], v, &bad_row)
-        if status == OK and draft_rows != NULL:
-            status = _warp_rows(draft_rows, v, k, v, scale, top_k, top_p, min_p,
-                                &warped[k + 1, 0], v, &bad_row)
-            draft_failed = status != OK
-        if status == OK:
-            status = _accept(&warped[0, 0], v, &warped[k + 1, 0] if draft_rows != NULL else NULL,
-                             v, &tokens[0] if k > 0 else NULL, k, v, &u[0], &n_accepted,
-                             &next_token, &bad_row)
+    _torch_seen()
+    draft_tokens = _tokens(draft_tokens, "draft_tokens", &given, &k, held)
+    target_logits = _rows(target_logits, "target_logits", k + 1, -1, &target, held)
+    v = target.cols
+    if draft_logits is not None:
+        draft_logits = _rows(draft_logits, "draft_logits", k, v, &draft, held)
+    warped = _scratch_rows(2 * k + 1 if draft_logits is not None else k + 1, v)
+    if draft_logits is not None and k > 0:
+        warped_draft = &warped[k + 1, 0]
+    # The call's own copy of the ids: what is range-checked is what the kernel reads.
+    tokens = <int64_t*> malloc(max(k, 1) * sizeof(int64_t))
+    if tokens == NULL:
+        raise MemoryError()
+    try:
+        memcpy(tokens, given, k * sizeof(int64_t))
+        _check_token_range("draft_tokens", tokens, k, v)
+        uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
+        with nogil:
+            status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
+                                top_p, min_p, &warped[0, 0], v, &bad_row)
+            if status == OK and warped_draft != NULL:
+                status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
+                                    top_p, min_p, warped_draft, v, &bad_row)
+                draft_failed = status != OK
+            if status == OK:
+                status = _accept(&warped[0, 0], v, warped_draft, v, tokens, k, v, u, &n_accepted,
+                                 &next_token, &bad_row)
+    finally:
+        free(tokens)
     if status != OK:
         if draft_failed:
             _raise_row_status(status, "draft_logits", draft_logits, bad_row)
