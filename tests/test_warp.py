@@ -330,13 +330,15 @@ def test_accept_logits_follows_the_law_of_the_warped_target():
 
 
 def test_the_law_test_rejects_mismatched_warping():
-    settings = law_case()[2]
+    target_logits, draft_logits, settings = law_case()
+    warped_target, plain_target = rw.warp(target_logits, **settings), rw.warp(target_logits)
+    warped_draft, plain_draft = rw.warp(draft_logits, **settings), rw.warp(draft_logits)
     # The draft's tokens come from its warped rows, but verification sees it unwarped
     # (transformers #47932's bug) ...
     ok, pvalues = run_law_test(
-        lambda t, d, k, u, s: sv.accept_from_uniforms(rw.warp(t, **s), rw.warp(d), k, u), settings, seed=32)
+        lambda t, d, k, u, s: sv.accept_from_uniforms(warped_target, plain_draft, k, u), settings, seed=32)
     assert not ok, pvalues
     # ... or the target is verified unwarped (vLLM #9834) while the law expects the warped one.
     ok, pvalues = run_law_test(
-        lambda t, d, k, u, s: sv.accept_from_uniforms(rw.warp(t), rw.warp(d, **s), k, u), settings, seed=33)
+        lambda t, d, k, u, s: sv.accept_from_uniforms(plain_target, warped_draft, k, u), settings, seed=33)
     assert not ok, pvalues

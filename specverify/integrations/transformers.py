@@ -48,7 +48,7 @@ from typing import Optional, Tuple
 
 import torch
 
-import specverify as sv
+from .. import ops
 
 __all__ = [
     "warp",
@@ -117,13 +117,13 @@ class Sampling:
     min_p: float = 0.0
 
     def __post_init__(self):
-        sv.ops._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
+        ops._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
 
     def rows(self, logits: torch.Tensor) -> torch.Tensor:
         """``[n, V]`` logits -> ``[n, V]`` float32 rows (logits if greedy, else probabilities)."""
         if self.greedy:
             return logits.float()
-        return sv.warp(logits, self.temperature, self.top_k, self.top_p, self.min_p)
+        return ops.warp(logits, self.temperature, self.top_k, self.top_p, self.min_p)
 
     def pick(self, row: torch.Tensor, generator: Optional[torch.Generator] = None) -> int:
         """One token from a ``[V]`` row made by :meth:`rows`."""
