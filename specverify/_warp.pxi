@@ -26,7 +26,7 @@ from libc.string cimport memcpy, memset
 # exp32's constants as float32 values (a double literal rounded once, as NumPy's np.float32 does).
 cdef extern from *:
     """
-    #define SV_EXP_CUTOFF ((float) -86.0)
+    #define SV_EXP_CUTOFF_BITS 0xC2AC0000u  /* the bits of (float) -86.0 */
     #define SV_LOG2E ((float) 1.44269504088896341)
     #define SV_ROUND_MAGIC ((float) 12582912.0)
     #define SV_LN2_HI ((float) 0.693359375)
@@ -41,7 +41,7 @@ cdef extern from *:
     #define SV_ZERO ((float) 0.0)
     #define SV_FIXED_ONE ((float) 1099511627776.0)
     """
-    const float EXP_CUTOFF "SV_EXP_CUTOFF"
+    const uint32_t EXP_CUTOFF_BITS "SV_EXP_CUTOFF_BITS"
     const float LOG2E "SV_LOG2E"
     const float ROUND_MAGIC "SV_ROUND_MAGIC"
     const float LN2_HI "SV_LN2_HI"
@@ -67,16 +67,26 @@ cdef union FloatBits:
 
 cdef inline float _exp32(float z) noexcept nogil:
     """exp(z) for z <= 0 (Cephes' expf, float32 operations in the order stated in
-    ``reference_warp.exp32``); 0 below -86, 1 at 0.  Branch-free, so the loops that call it
-    vectorize."""
-    cdef float zc = z if z > EXP_CUTOFF else EXP_CUTOFF
+    ``reference_warp.exp32``); 0 below -86, 1 at 0.
+
+    Branch-free so that the loops calling it vectorize on x86-64 and NEON alike: for z <= 0 the
+    test z >= -86 is an unsigned compare of the bits (larger magnitudes of negative floats have
+    larger bits), and the clamp and the final zeroing are integer selects.  (A float compare
+    feeding a select is control flow to gcc's NEON vectorizer, which may not speculate
+    possibly trapping float operations.)"""
+    cdef FloatBits bits, clamped, scale, result
+    bits.f = z
+    cdef uint32_t keep = bits.u <= EXP_CUTOFF_BITS
+    clamped.u = bits.u if keep else EXP_CUTOFF_BITS
+    cdef float zc = clamped.f
     cdef float n = (zc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC
     cdef float r = (zc - n * LN2_HI) - n * LN2_LO
     cdef float poly = ((((EXP_P0 * r + EXP_P1) * r + EXP_P2) * r + EXP_P3) * r + EXP_P4) * r + EXP_P5
     cdef float y = ((poly * r) * r + r) + F32_ONE
-    cdef FloatBits scale
     scale.u = (<uint32_t> (<int32_t> n + 127)) << 23
-    return y * scale.f if z >= EXP_CUTOFF else F32_ZERO
+    result.f = y * scale.f
+    result.u &= -keep  # 0.0 below the cutoff
+    return result.f
 
 
 cdef struct WarpScratch:
