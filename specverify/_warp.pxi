@@ -59,6 +59,7 @@ cdef extern from *:
 cdef enum:
     RADIX = 1024          # buckets per level; level shifts 20, 10, 0 (w <= 1: bits >> 20 < 1024)
     SUBHISTOGRAMS = 4     # interleaved histograms: a run of equal buckets is not one serial chain
+    CHUNK = 128           # tokens per bucket test in _list_bucket
 
 cdef union FloatBits:
     float f
@@ -147,6 +148,53 @@ cdef inline void _fold(int64_t* h) noexcept nogil:
             h[b] += h[s * RADIX + b]
 
 
+cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int64_t* counts,
+                                int64_t* masses) noexcept nogil:
+    """Counts (and fixed-point masses) of bits >> 20 over w[0:v], into SUBHISTOGRAMS = 4
+    interleaved histograms (element j into histogram j % 4): a run of tokens in one bucket is
+    then four independent chains of increments, not one serial chain through memory."""
+    cdef const uint32_t* bits = <const uint32_t*> w
+    cdef Py_ssize_t i, j, l, stop = v // SUBHISTOGRAMS
+    cdef uint32_t b
+    if by_mass:
+        for i in range(stop):
+            j = i * SUBHISTOGRAMS
+            for l in range(SUBHISTOGRAMS):
+                b = l * RADIX + (bits[j + l] >> 20)
+                counts[b] += 1
+                masses[b] += _fixed(w[j + l])
+    else:
+        for i in range(stop):
+            j = i * SUBHISTOGRAMS
+            for l in range(SUBHISTOGRAMS):
+                counts[l * RADIX + (bits[j + l] >> 20)] += 1
+    for j in range(stop * SUBHISTOGRAMS, v):
+        counts[bits[j] >> 20] += 1
+        if by_mass:
+            masses[bits[j] >> 20] += _fixed(w[j])
+
+
+cdef inline Py_ssize_t _list_bucket(const uint32_t* bits, Py_ssize_t v, uint32_t prefix,
+                                    int32_t* listed) noexcept nogil:
+    """The ids j with bits[j] >> 20 == prefix, in index order, into ``listed``; returns their
+    number.  Chunks of CHUNK tokens are first counted (a vectorized compare and sum) and only
+    chunks holding some are scanned: the bucket of a cut is usually a small part of the row."""
+    cdef Py_ssize_t c, start, stop, j, n = 0
+    cdef uint32_t hits
+    for c in range((v + CHUNK - 1) // CHUNK):
+        start = c * CHUNK
+        stop = min(start + CHUNK, v)
+        hits = 0
+        # hot loop: bucket test
+        for j in range(start, stop):
+            hits += (bits[j] >> 20) == prefix
+        if hits:
+            for j in range(start, stop):
+                listed[n] = <int32_t> j
+                n += (bits[j] >> 20) == prefix
+    return n
+
+
 cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n_domain,
                      bint by_mass, double limit, WarpScratch* s) noexcept nogil:
     """Zero every weight after the cut: the tokens kept are the rank-order prefix whose tokens
@@ -168,13 +216,14 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     cdef double threshold
     memset(counts, 0, 2 * SUBHISTOGRAMS * RADIX * sizeof(int64_t))
     # Level 1: histogram of bits >> 20 over the domain.
-    n = v if domain == NULL else n_domain
-    for i in range(n):
-        j = i if domain == NULL else domain[i]
-        b = (i % SUBHISTOGRAMS) * RADIX + (bits[j] >> 20)
-        counts[b] += 1
-        if by_mass:
-            masses[b] += _fixed(w[j])
+    if domain == NULL:
+        _row_histogram(w, v, by_mass, counts, masses)
+    else:
+        for i in range(n_domain):
+            j = domain[i]
+            counts[bits[j] >> 20] += 1
+            if by_mass:
+                masses[bits[j] >> 20] += _fixed(w[j])
     _fold(counts)
     if by_mass:
         _fold(masses)
@@ -184,11 +233,14 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     else:
         threshold = limit
     prefix = <uint32_t> _walk(counts, weights, &before, threshold)
-    n_listed = 0
-    for i in range(n):  # the chosen bucket's tokens, in index order (branch-free append)
-        j = i if domain == NULL else domain[i]
-        listed[n_listed] = <int32_t> j
-        n_listed += (bits[j] >> 20) == prefix
+    # The chosen bucket's tokens, in index order.
+    if domain == NULL:
+        n_listed = _list_bucket(bits, v, prefix, listed)
+    else:
+        n_listed = 0
+        for i in range(n_domain):
+            listed[n_listed] = domain[i]
+            n_listed += (bits[domain[i]] >> 20) == prefix
     # Levels 2 and 3: the next 10 bits, over the listed tokens only.
     for level in range(2):
         shift = 10 - 10 * level
