@@ -59,7 +59,7 @@ cdef extern from *:
 cdef enum:
     RADIX = 1024          # buckets per level; level shifts 20, 10, 0 (w <= 1: bits >> 20 < 1024)
     SUBHISTOGRAMS = 4     # interleaved histograms: a run of equal buckets is not one serial chain
-    CHUNK = 128           # tokens per bucket test in _list_bucket
+    CHUNK = 128           # tokens per range test in _list_range
 
 cdef union FloatBits:
     float f
@@ -174,24 +174,24 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
             masses[bits[j] >> 20] += _fixed(w[j])
 
 
-cdef inline Py_ssize_t _list_bucket(const uint32_t* bits, Py_ssize_t v, uint32_t prefix,
-                                    int32_t* listed) noexcept nogil:
-    """The ids j with bits[j] >> 20 == prefix, in index order, into ``listed``; returns their
-    number.  Chunks of CHUNK tokens are first counted (a vectorized compare and sum) and only
-    chunks holding some are scanned: the bucket of a cut is usually a small part of the row."""
+cdef inline Py_ssize_t _list_range(const uint32_t* bits, Py_ssize_t v, uint32_t lo, uint32_t hi,
+                                   int32_t* listed) noexcept nogil:
+    """The ids j with lo <= bits[j] <= hi, in index order, into ``listed``; returns their number.
+    Chunks of CHUNK tokens are first counted (a vectorized compare and sum) and only chunks
+    holding some are scanned: what a cut lists is usually a small part of the row."""
     cdef Py_ssize_t c, start, stop, j, n = 0
-    cdef uint32_t hits
+    cdef uint32_t hits, width = hi - lo
     for c in range((v + CHUNK - 1) // CHUNK):
         start = c * CHUNK
         stop = min(start + CHUNK, v)
         hits = 0
-        # hot loop: bucket test
+        # hot loop: range test
         for j in range(start, stop):
-            hits += (bits[j] >> 20) == prefix
+            hits += bits[j] - lo <= width
         if hits:
             for j in range(start, stop):
                 listed[n] = <int32_t> j
-                n += (bits[j] >> 20) == prefix
+                n += bits[j] - lo <= width
     return n
 
 
@@ -199,11 +199,12 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
                      bint by_mass, double limit, WarpScratch* s) noexcept nogil:
     """Zero every weight after the cut: the tokens kept are the rank-order prefix whose tokens
     have ``float64(weight before them) < threshold``; weight 1 per token and threshold ``limit``
-    (top-k) or fixed-point masses and threshold ``limit * total`` (top-p).
+    (top-k) or fixed-point masses and threshold ``limit * total`` (top-p, total = the domain's
+    mass, i.e. the row's).
 
-    w: [v] float32 weights, changed in place.  domain: the ids of every positive weight in index
-    order (n_domain of them), or NULL for the whole row.  Returns the number of tokens kept
-    among the domain."""
+    w: [v] float32 weights, changed in place.  domain: ids in index order (n_domain of them)
+    holding every positive weight, or NULL for the whole row.
+    Returns the number of tokens kept."""
     cdef const uint32_t* bits = <const uint32_t*> w
     cdef int64_t* counts = s.counts
     cdef int64_t* masses = s.masses
@@ -213,7 +214,7 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     cdef Py_ssize_t j, i, b, n, n_listed, kept, n_above, level
     cdef uint32_t prefix, cut_bits
     cdef int shift
-    cdef double threshold
+    cdef double threshold = limit
     memset(counts, 0, 2 * SUBHISTOGRAMS * RADIX * sizeof(int64_t))
     # Level 1: histogram of bits >> 20 over the domain.
     if domain == NULL:
@@ -230,12 +231,10 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
         for b in range(RADIX):
             total += masses[b]
         threshold = limit * <double> total
-    else:
-        threshold = limit
     prefix = <uint32_t> _walk(counts, weights, &before, threshold)
     # The chosen bucket's tokens, in index order.
     if domain == NULL:
-        n_listed = _list_bucket(bits, v, prefix, listed)
+        n_listed = _list_range(bits, v, prefix << 20, (prefix << 20) | 0xFFFFF, listed)
     else:
         n_listed = 0
         for i in range(n_domain):
@@ -283,15 +282,6 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     return n_above + kept
 
 
-cdef Py_ssize_t _positive(const float* w, Py_ssize_t v, int32_t* domain) noexcept nogil:
-    """The ids of the positive weights in index order into ``domain``; returns their number."""
-    cdef Py_ssize_t j, n = 0
-    for j in range(v):
-        domain[n] = <int32_t> j
-        n += w[j] > F32_ZERO
-    return n
-
-
 cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, double top_p,
                    float min_p, float* out, WarpScratch* s) noexcept nogil:
     """One row of logits x [v] -> probabilities out [v] (steps 1-7 of ``reference_warp``).
@@ -312,8 +302,8 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
     if 0 < top_k < v:
         n_domain = _cut(out, v, NULL, v, False, <double> top_k, s)
     if top_p < 1.0:
-        if n_domain < v:  # top-k left few tokens: list them once
-            n_domain = _positive(out, v, s.domain)
+        if n_domain < v:  # top-k left few tokens: list them once (w > 0: bits >= 1)
+            n_domain = _list_range(<const uint32_t*> out, v, 1, 0xFFFFFFFFu, s.domain)
             _cut(out, v, s.domain, n_domain, True, top_p, s)
         else:
             _cut(out, v, NULL, v, True, top_p, s)
