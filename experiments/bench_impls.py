@@ -407,16 +407,9 @@ def torch_warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
 
 def transformers_warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """transformers' warpers in generate's order, then the softmax generate samples from."""
-    from transformers.generation import logits_process as lp
+    from specverify.integrations.transformers import transformers_warpers
 
-    scores = lp.TemperatureLogitsWarper(float(temperature))(None, logits)
-    if top_k:
-        scores = lp.TopKLogitsWarper(top_k)(None, scores)
-    if top_p < 1.0:
-        scores = lp.TopPLogitsWarper(top_p)(None, scores)
-    if min_p > 0.0:
-        scores = lp.MinPLogitsWarper(min_p)(None, scores)
-    return torch.softmax(scores, dim=-1)
+    return torch.softmax(transformers_warpers(temperature, top_k, top_p, min_p)(None, logits), dim=-1)
 
 
 def model_like_logits(v, rows, rng):

@@ -7,6 +7,7 @@ call returns as ``next_token`` is the recovered or bonus token: the *emitted* st
 ``draft_tokens[:n_accepted] + [next_token]``.
 """
 
+import functools
 import math
 import numbers
 
@@ -109,8 +110,11 @@ def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
 
 
 
+@functools.lru_cache(maxsize=64, typed=True)  # typed: True and 1 are different settings
 def _warp_settings(temperature, top_k, top_p, min_p):
-    """Validated settings as the kernel takes them: ``(scale, top_k, top_p, min_p threshold)``."""
+    """Validated settings as the kernel takes them: ``(scale, top_k, top_p, min_p threshold)``
+    (cached: a decoder calls with the same few settings every round; NaN never hits the cache,
+    since NaN != NaN)."""
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
     if not (math.isfinite(temperature) and temperature > 0):
@@ -180,16 +184,17 @@ def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
     if out is None:
         if _inputs.is_tensor(converted):
             out = _inputs.loaded_torch().empty(rows.shape, dtype=converted.dtype)
+            target = out.numpy()
         else:
-            out = np.empty(rows.shape, dtype=np.float32)
+            out = target = np.empty(rows.shape, dtype=np.float32)
         result = out[0] if one_row else out
     else:
         result = out
         out = out[None, :] if one_row and getattr(out, "ndim", 0) == 1 else out
-    target = _writable_rows(out, rows.shape)
-    if np.may_share_memory(target, rows) and not (
-            target.__array_interface__["data"][0] == rows.__array_interface__["data"][0]):
-        raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
+        target = _writable_rows(out, rows.shape)
+        if np.may_share_memory(target, rows) and not (
+                target.__array_interface__["data"][0] == rows.__array_interface__["data"][0]):
+            raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
     _kernels.warp_into(rows, target, scale, top_k, top_p, min_p)
     return result
 

@@ -24,7 +24,9 @@ torch = pytest.importorskip("torch")
 logits_process = pytest.importorskip("transformers.generation.logits_process")
 
 import specverify as sv  # noqa: E402
+from specverify.integrations.transformers import transformers_warpers  # noqa: E402
 
+from test_real_model import tiny  # noqa: E402, F401 (the tiny random Llama fixture)
 from test_warp import logit_rows  # noqa: E402
 
 ROWS = 2000
@@ -44,16 +46,9 @@ SETTINGS = [
 def transformers_keep(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """``(scaled logits, kept)`` from transformers' warpers, ``[n, V]`` each."""
     scores = torch.from_numpy(logits)
-    ids = torch.zeros((scores.shape[0], 1), dtype=torch.long)
-    scores = logits_process.TemperatureLogitsWarper(float(temperature))(ids, scores)
-    scaled = scores.clone()
-    if top_k:
-        scores = logits_process.TopKLogitsWarper(top_k)(ids, scores)
-    if top_p < 1.0:
-        scores = logits_process.TopPLogitsWarper(top_p)(ids, scores)
-    if min_p > 0.0:
-        scores = logits_process.MinPLogitsWarper(min_p)(ids, scores)
-    return scaled.numpy(), torch.isfinite(scores).numpy()
+    scaled = logits_process.TemperatureLogitsWarper(float(temperature))(None, scores)
+    kept = torch.isfinite(transformers_warpers(temperature, top_k, top_p, min_p)(None, scores))
+    return scaled.numpy(), kept.numpy()
 
 
 def classify(scaled, theirs, ours, settings):
@@ -127,18 +122,6 @@ def test_the_agreement_test_rejects_a_shifted_cut(settings, ours):
 
 
 # -- the transformers integration ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = None
-    return model
-
-
 def test_sampling_rows_and_the_processor_are_sv_warp():
     from specverify.integrations.transformers import Sampling, WarpLogitsProcessor
 

@@ -54,6 +54,7 @@ __all__ = [
     "warp",
     "Sampling",
     "WarpLogitsProcessor",
+    "transformers_warpers",
     "CachedCausalLM",
     "CausalLMTarget",
     "CausalLMDraft",
@@ -130,6 +131,21 @@ class Sampling:
         if self.greedy:
             return int(torch.argmax(row))
         return int(torch.multinomial(row, 1, generator=generator))
+
+
+def transformers_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+    """transformers' own warpers for these settings in ``generate``'s order, as one
+    ``LogitsProcessorList`` (the reference :class:`WarpLogitsProcessor` is compared with)."""
+    from transformers.generation import logits_process as lp
+
+    warpers = [lp.TemperatureLogitsWarper(float(temperature))]
+    if top_k:
+        warpers.append(lp.TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(lp.TopPLogitsWarper(top_p))
+    if min_p > 0.0:
+        warpers.append(lp.MinPLogitsWarper(min_p))
+    return lp.LogitsProcessorList(warpers)
 
 
 class WarpLogitsProcessor:
