@@ -76,21 +76,19 @@ CASES = ("realistic", "worst")
 CACHES = ("warm", "cold")
 IMPLS = ("specverify", "torch", "numpy")
 # Warping rows: one row of logits per call, warm; (name, settings) per mode.
-WARP_SIZES = (32000, 49152, 128256)
 WARP_MODES = (("temperature 0.7", dict(temperature=0.7)), ("top-k 50", dict(top_k=50)),
               ("top-p 0.9", dict(top_p=0.9)), ("top-k 50 + top-p 0.9", dict(top_k=50, top_p=0.9)),
               ("min-p 0.05", dict(min_p=0.05)))
 WARP_IMPLS = ("specverify", "torch", "transformers")
-WARP_ROWS = 8   # distinct rows cycled per (V, mode)
 WARP_CSV_NAME = "warp.csv"
 WARP_FIELDS = ("V", "mode", "impl", "min_us", "median_us", "speedup_vs_torch", "speedup_vs_transformers",
                "ratio_to_floor_min", "calls")
 OVERHEAD_V, OVERHEAD_K = 8, 4
 
-FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000,
+FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000, warp_sizes=(32000, 49152, 128256), warp_rows=8,
             realistic_pool=32, probe_reps=15, probe_budget_s=0.4, probe_min_total=8 << 20,
             overhead_budget_s=1.0)
-QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000,
+QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000, warp_sizes=(4096,), warp_rows=2,
              realistic_pool=8, probe_reps=3, probe_budget_s=0.02, probe_min_total=1 << 20,
              overhead_budget_s=0.05, cold_bytes=4 << 20)
 
@@ -500,12 +498,13 @@ def run_sweep(sizes, settings, sv, seed, log=print):
 
 def run_warp_sweep(settings, sv, probe, seed, log=print):
     """Warping rows: per (V, mode), sv.warp vs the sort-based torch warp vs transformers' warpers
-    on model-like rows (bench_impls.model_like_logits), each call one [1, V] tensor row, warm;
-    floor = reading the row's 4 V bytes at the warm read bandwidth."""
+    on model-like rows (bench_impls.model_like_logits; settings["warp_rows"] of them cycled),
+    each call one [1, V] tensor row, warm; V in settings["warp_sizes"]; floor = reading the
+    row's 4 V bytes at the warm read bandwidth."""
     rng = np.random.default_rng(seed)
     rows = []
-    for v in WARP_SIZES:
-        pool = [torch.from_numpy(r[None, :]) for r in bi.model_like_logits(v, WARP_ROWS, rng)]
+    for v in settings["warp_sizes"]:
+        pool = [torch.from_numpy(r[None, :]) for r in bi.model_like_logits(v, settings["warp_rows"], rng)]
         floor_us = probe.floor_ns("warm", 4 * v) / 1e3
         for mode, kw in WARP_MODES:
             fns = {"torch": lambda x, kw=kw: bi.torch_warp(x, **kw),
