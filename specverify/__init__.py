@@ -3,6 +3,8 @@
     import specverify as sv
     n_accepted, next_token = sv.verify_greedy(target_probs, draft_tokens)          # greedy
     n_accepted, next_token = sv.accept(target_probs, draft_probs, draft_tokens, g)  # sampling
+    n_accepted, next_token = sv.accept_block(target_probs, draft_probs, draft_tokens, g)  # block
+    path, next_token = sv.accept_tree(target_probs, draft_probs, draft_tokens, parents, g)  # trees
     probs = sv.warp(logits, temperature=0.7, top_p=0.9)                            # logits in
     n_accepted, next_token = sv.accept_logits(target_logits, draft_logits, draft_tokens, g,
                                               temperature=0.7, top_p=0.9)
@@ -11,9 +13,11 @@
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
-from . import law, reference, stats
-from .ops import (accept, accept_from_uniforms, accept_logits, accept_logits_from_uniforms,
-                  verify_greedy, warp)
+from . import law, reference, reference_tree, reference_warp, stats
+from .ops import (accept, accept_block, accept_block_from_uniforms, accept_block_logits,
+                  accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
+                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_greedy,
+                  verify_tree_greedy, warp)
 
 __version__ = "0.1.0"
 
@@ -21,12 +25,20 @@ __all__ = [
     "verify_greedy",
     "accept",
     "accept_from_uniforms",
+    "accept_block",
+    "accept_block_from_uniforms",
+    "verify_tree_greedy",
+    "accept_tree",
+    "accept_tree_from_uniforms",
     "warp",
     "accept_logits",
     "accept_logits_from_uniforms",
+    "accept_block_logits",
+    "accept_block_logits_from_uniforms",
     "SpeculativeDecoder",
     "law",
     "reference",
+    "reference_tree",
     "__version__",
 ]
 

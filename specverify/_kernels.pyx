@@ -6,6 +6,7 @@
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
 - one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
+  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``;
   ``_warp.pxi``: ``warp`` and ``accept_logits``), holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
@@ -31,6 +32,8 @@ from ._primitives cimport *
 
 include "_args.pxi"
 include "_chain.pxi"
+include "_tree.pxi"
+include "_block.pxi"
 include "_warp.pxi"
 
 

@@ -1,4 +1,4 @@
-# Logits warping family (included by _kernels.pyx): warp and accept_logits.
+# Logits warping family (included by _kernels.pyx): warp, accept_logits, accept_block_logits.
 #
 # Logits warping (temperature, top-k, top-p, min-p) in O(V), and verification from logits.
 #
@@ -387,8 +387,25 @@ cdef float[:, ::1] _scratch_rows(Py_ssize_t rows, Py_ssize_t v):
 def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
                   Py_ssize_t top_k, double top_p, float min_p):
     """Kernel entry of ``specverify.accept_logits`` (uniforms None: drawn from generator), the
-    settings validated and converted as for ``warp_into``.  Both sides are warped into this
-    thread's scratch rows, then verified by the chain kernel ``_accept``."""
+    settings validated and converted as for ``warp_into``."""
+    return _logits_entry(_accept, target_logits, draft_logits, draft_tokens, generator, uniforms,
+                         scale, top_k, top_p, min_p)
+
+
+def accept_block_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
+                        Py_ssize_t top_k, double top_p, float min_p):
+    """Kernel entry of ``specverify.accept_block_logits``: as ``accept_logits`` with the block
+    verification kernel."""
+    return _logits_entry(_accept_block, target_logits, draft_logits, draft_tokens, generator,
+                         uniforms, scale, top_k, top_p, min_p)
+
+
+cdef object _logits_entry(SamplingKernel kernel, object target_logits, object draft_logits,
+                          object draft_tokens, object generator, object uniforms, float scale,
+                          Py_ssize_t top_k, double top_p, float min_p):
+    """Both sides warped into this thread's scratch rows, then verified by ``kernel`` (a
+    sampling kernel of the chain or block family, which reads rows, tokens and uniforms as
+    ``_accept`` does)."""
     cdef _Held held = _Held()
     cdef Rows target, draft
     cdef const int64_t* given
@@ -425,8 +442,8 @@ def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms
                                     top_p, min_p, warped_draft, v, &bad_row)
                 draft_failed = status != OK
             if status == OK:
-                status = _accept(&warped[0, 0], v, warped_draft, v, tokens, k, v, u, &n_accepted,
-                                 &next_token, &bad_row)
+                status = kernel(&warped[0, 0], v, warped_draft, v, tokens, k, v, u, &n_accepted,
+                                &next_token, &bad_row)
     finally:
         free(tokens)
     if status != OK:

@@ -14,7 +14,22 @@ and the number N of accepted drafts in a round of K has the truncated-geometric 
 
 with mean  E[N] = sum_{i=1..K} prod_{j<i} a_j  (homogeneous: sum_{i=1..K} a^i) and
 tokens per round  E[N] + 1  (each round also emits a recovered or bonus token).
+
+Block verification (Sun et al. 2024, ``specverify.accept_block``) has, with
+``p_i = min(1, p_{i-1} p_{i-1}(X_{i-1}) / q_{i-1}(X_{i-1}))`` (``p_0 = 1``, X drawn from the draft),
+
+    P(N >= i) = E[p_i]    (the capped cumulative ratio, averaged over the draft's paths),
+
+so E[N] = sum_{i=1..K} E[p_i] and P(N = n) = E[p_n] - E[p_{n+1}] (``p_{K+1} = 0``).  Since
+``p_i >= p_{i-1} min(1, r_i)``, pointwise ``p_i >= prod_{j<=i} min(1, r_j)``: block verification
+never accepts less than token-wise in expectation (equal for K = 1 and for one-hot drafts, where
+``p_i = prod_j p_j(t_j)``).  Functions: :func:`block_survival` (per-position rows: exact on the
+finite support of ``p_i`` when it is small, else on a log grid with a proven error bound),
+:func:`block_survival_markov` / :func:`token_survival_markov` (any draft path dependence, by
+enumeration), :func:`survival_pmf`, :func:`block_gain`.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +41,23 @@ __all__ = [
     "var_accepted",
     "expected_tokens_per_round",
     "mean_accepted_homogeneous",
+    "BlockLaw",
+    "block_survival",
+    "block_survival_markov",
+    "token_survival_markov",
+    "token_survival",
+    "survival_pmf",
+    "block_gain",
+    "TREE_RULES",
+    "tree_children",
+    "tree_depths",
+    "node_rule",
+    "tree_node_probabilities",
+    "depth_pmf",
+    "child_acceptance",
+    "rrs_acceptance",
+    "optimal_multidraft_acceptance",
+    "tree_length_pmf",
 ]
 
 
@@ -100,3 +132,373 @@ def expected_tokens_per_round(a):
 def mean_accepted_homogeneous(alpha, k):
     """``sum_{i=1..k} alpha^i`` (every position accepts with the same ``alpha``)."""
     return mean_accepted(np.full(int(k), float(alpha)))
+
+
+# ------------------------------------------------------------------------------------------
+# Block verification
+# ------------------------------------------------------------------------------------------
+class BlockLaw(NamedTuple):
+    survival: np.ndarray  # [K+1] P(N >= i), i = 0..K (survival[0] = 1)
+    error: float  # |true - survival[i]| <= error for every i (0.0: exact up to float64 rounding)
+    method: str  # "support" or "grid"
+
+    @property
+    def mean(self) -> float:
+        """E[N] = sum_{i=1..K} P(N >= i)."""
+        return float(self.survival[1:].sum())
+
+    @property
+    def pmf(self) -> np.ndarray:
+        return survival_pmf(self.survival)
+
+
+def survival_pmf(survival):
+    """``[K+1]`` P(N = n) from ``[K+1]`` P(N >= n): consecutive differences, P(N >= K+1) = 0."""
+    s = np.asarray(survival, dtype=np.float64)
+    return np.clip(s - np.append(s[1:], 0.0), 0.0, None)
+
+
+def token_survival(a):
+    """``[K+1]`` P(N >= i) = prod_{j<i} a_j of token-wise verification, rates ``a`` ``[K]``."""
+    return np.concatenate([[1.0], np.cumprod(_rates(a))])
+
+
+def _ratio_supports(target_probs, draft_probs):
+    """Per position j < K: the ratios r = p_j(x) / q_j(x) and weights q_j(x) over x with q_j(x) > 0."""
+    q = _normalized_rows(draft_probs, "draft_probs")
+    p = _normalized_rows(target_probs, "target_probs")[: q.shape[0]]
+    if p.shape != q.shape:
+        raise ValueError(f"target_probs rows {p.shape} do not match draft_probs {q.shape}")
+    out = []
+    for pj, qj in zip(p, q):
+        drawn = qj > 0
+        out.append((pj[drawn] / qj[drawn], qj[drawn]))
+    return out
+
+
+def block_survival(target_probs, draft_probs, *, max_support=200_000, log_step=1e-4, log_floor=-30.0):
+    """P(N >= i), i = 0..K, of block verification with per-position rows.
+
+    target_probs: ``[K+1, V]`` or ``[K, V]`` (only the first K rows matter); draft_probs ``[K, V]``
+    (rows normalized first).  ``p_i = min(1, p_{i-1} r_{i-1}(X))`` with ``X ~ q_{i-1}`` is a
+    capped multiplicative random walk (here independent steps, as for :func:`acceptance_rates`).
+
+    - "support": while the walk's support (distinct values of ``p_i``) stays below
+      ``max_support`` it is carried exactly (values merged when equal): exact up to float64
+      rounding; ``error = 0``.
+    - "grid": otherwise ``log p`` is carried on the lattice ``log_step * Z`` twice: once with every
+      ``log r`` rounded down (values below ``exp(log_floor)`` sent to 0) and once rounded up (values
+      below kept at ``exp(log_floor)``).  ``p_i`` is non-decreasing in ``p_{i-1}`` and in ``r``, so
+      the two walks bracket the true ``E[p_i]``: the result is their midpoint, ``error`` half
+      their largest gap (about ``i * log_step * E[p_i] / 2``: ~2e-4 at K = 8 by default).
+    """
+    steps = _ratio_supports(target_probs, draft_probs)
+    survival = [1.0]
+    values, probs = np.array([1.0]), np.array([1.0])
+    for j, (r, w) in enumerate(steps):
+        if values.size * r.size > max_support:
+            return _block_survival_grid(steps, survival, j, values, probs, log_step, log_floor)
+        new = np.minimum(1.0, np.outer(values, r)).ravel()
+        values, inverse = np.unique(new, return_inverse=True)
+        probs = np.bincount(inverse.ravel(), weights=np.outer(probs, w).ravel(), minlength=values.size)
+        survival.append(float(values @ probs))
+    return BlockLaw(np.array(survival), 0.0, "support")
+
+
+def _block_survival_grid(steps, survival, start, values, probs, log_step, log_floor):
+    """Continue :func:`block_survival` from position ``start`` on the log lattice (see there).
+
+    Level ``l = 0..M`` stands for ``p = exp(-l * log_step)``; a step with ratio ``r`` moves level
+    ``l`` to ``max(0, l - log(r) / log_step)``.  Mass that reaches ``p = 0`` (``r = 0``, or below
+    the floor in the lower walk) adds nothing to ``E[p]`` and is dropped.  The steps are a
+    convolution with the law of the (rounded) level shift, done by FFT (its rounding, ~1e-12,
+    is far inside the bound).
+    """
+    from scipy.signal import fftconvolve
+
+    m = int(np.ceil(-log_floor / log_step))
+    s_max = m + 1  # |shift| beyond this gives the same result as s_max (cap, or below the floor)
+    grid = np.exp(-log_step * np.arange(m + 1))  # [M+1] the value of each level
+    bounds = []
+    for upper in (False, True):
+        # upper walk: smaller levels (larger p): levels rounded down, shifts rounded up
+        positive = values > 0
+        with np.errstate(divide="ignore"):
+            levels = -np.log(values[positive]) / log_step
+        levels = np.floor(levels) if upper else np.ceil(levels)
+        weights = probs[positive]
+        if not upper:
+            levels, weights = levels[levels <= m], weights[levels <= m]
+        mass = np.bincount(np.clip(levels, 0, m).astype(np.int64), weights=weights, minlength=m + 1)
+        out = []
+        for r, w in steps[start:]:
+            drawn = r > 0
+            shift = np.log(r[drawn]) / log_step
+            shift = np.clip(np.ceil(shift) if upper else np.floor(shift), -s_max, s_max).astype(np.int64)
+            kernel = np.bincount(s_max - shift, weights=w[drawn], minlength=2 * s_max + 1)
+            conv = np.clip(fftconvolve(mass, kernel), 0.0, None)  # index c <-> level c - s_max
+            new_levels = np.arange(conv.size) - s_max
+            mass = np.zeros(m + 1)
+            mass[0] = conv[new_levels <= 0].sum()
+            inside = (new_levels > 0) & (new_levels <= m)
+            mass[new_levels[inside]] = conv[inside]
+            if upper:
+                mass[m] += conv[new_levels > m].sum()
+            out.append(float(mass @ grid))
+        bounds.append(np.array(out))
+    lo, hi = bounds
+    err = float(np.max(hi - lo) / 2) if lo.size else 0.0
+    return BlockLaw(np.concatenate([survival, (lo + hi) / 2]), err, "grid")
+
+
+def _survival_walk(target_row, draft_row, k, step):
+    """Enumerate every draft path of length k: ``survival[i] = E[s_i]`` with ``s_0 = 1`` and
+    ``s_{i+1} = step(s_i, p_i(x), q_i(x))`` for the drawn x (p, q normalized rows)."""
+    survival = np.zeros(k + 1)
+
+    def walk(prefix, prob, s):
+        survival[len(prefix)] += prob * s
+        if len(prefix) == k:
+            return
+        p = np.asarray(target_row(prefix), dtype=np.float64)
+        q = np.asarray(draft_row(prefix), dtype=np.float64)
+        p, q = p / p.sum(), q / q.sum()
+        for x in np.flatnonzero(q > 0):
+            walk(prefix + (int(x),), prob * q[x], step(s, p[x], q[x]))
+
+    walk((), 1.0, 1.0)
+    return survival
+
+
+def block_survival_markov(target_row, draft_row, k):
+    """``[K+1]`` P(N >= i) of block verification when rows depend on the drafted prefix.
+
+    ``target_row(prefix)`` and ``draft_row(prefix)``: ``[V]`` rows (any positive scale) after the
+    drafted tuple ``prefix``.  Exact enumeration of the ``V^K`` paths (small V and K only).
+    """
+    return _survival_walk(target_row, draft_row, k, lambda s, p, q: min(1.0, s * p / q))
+
+
+def token_survival_markov(target_row, draft_row, k):
+    """As :func:`block_survival_markov` for token-wise verification: ``E[prod_j min(1, r_j)]``."""
+    return _survival_walk(target_row, draft_row, k, lambda s, p, q: s * min(1.0, p / q))
+
+
+def block_gain(target_probs, draft_probs, **kwargs):
+    """``(E[N_block], E[N_token], error)`` for per-position rows: the gain is the difference."""
+    block = block_survival(target_probs, draft_probs, **kwargs)
+    token = mean_accepted(acceptance_rates(target_probs, draft_probs))
+    return block.mean, token, block.error * (len(block.survival) - 1)
+# ---------------------------------------------------------------------------------------------
+# Trees and multiple drafts (specverify.accept_tree / verify_tree_greedy).
+#
+# A tree of N nodes has ``parents [N]`` (``parents[i]`` in ``{-1} ∪ [0, i)``); position ``r`` is
+# the root for r = 0 and node r - 1 otherwise; row r of ``target_probs`` / ``draft_probs``
+# (``[N+1, V]``) is the target law / the children's draft law after position r.
+#
+# Node rules, for a position with target p, draft q and children c_1..c_k (R_0 = p):
+#
+# - "deterministic" (draft_probs None, sample-and-match): child j is accepted w.p.
+#   p(c_j) / (1 - sum_{i<j} p(c_i)); on total rejection the token is drawn from p without the
+#   children.  P(child j accepted) = p(c_j): over a tree, E[accepted] = sum over nodes of the
+#   product of the target probabilities along the node's path.
+# - "with_replacement" (SpecInfer): children i.i.d. from q; child j is accepted w.p.
+#   min(1, R_{j-1}(c_j) / q(c_j)), else R_j = norm(max(R_{j-1} - q, 0)).  Marginally over the
+#   draws a child is accepted w.p. a_j = sum_v min(R_{j-1}, q) and the position accepts one of
+#   its k children w.p. 1 - prod_j (1 - a_j).
+# - "without_replacement" (Jeon et al. 2024): as above with q^(j) = q without c_1..c_{j-1},
+#   renormalized, in place of q (an expectation over the ordered draws: small V).
+#
+# For k i.i.d. drafts the best any verifier can do is 1 - max_S [q(S)^k - p(S)] (Khisti et al.
+# 2025; Hu et al. 2025): ``optimal_multidraft_acceptance``.
+# ---------------------------------------------------------------------------------------------
+
+TREE_RULES = ("deterministic", "with_replacement", "without_replacement")
+
+
+def _normalized(row, name):
+    return _normalized_rows(row, name)[0]
+
+
+def tree_children(parents):
+    """``children[r]`` (node indices, increasing) for positions ``r = 0..N``; validates parents."""
+    parents = np.asarray(parents)
+    if parents.ndim != 1 or (parents.size and parents.dtype.kind not in "iu"):
+        raise ValueError(f"parents must be a 1-D integer array, got shape {parents.shape}")
+    children = [[] for _ in range(parents.size + 1)]
+    for i, parent in enumerate(parents.tolist()):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent} is not -1 or an earlier node")
+        children[parent + 1].append(i)
+    return children
+
+
+def _check_rule(rule):
+    if rule not in TREE_RULES:
+        raise ValueError(f"rule must be one of {TREE_RULES}, got {rule!r}")
+
+
+def _minus_and_normalize(r, q):
+    """norm(max(r - q, 0)); r itself if that has no mass (only reachable by rounding)."""
+    d = np.maximum(r - q, 0.0)
+    return d / d.sum() if d.sum() > 0 else r
+
+
+def node_rule(target_row, draft_row, tokens, rule):
+    """One position's rule for given children tokens.
+
+    target_row, draft_row: ``[V]`` (normalized here; draft_row unused by "deterministic");
+    tokens: ``[k]`` the children's tokens in order.  Returns ``(accept [k], residual [V])``:
+    ``accept[j]`` = P(child j accepted | children before it rejected), ``residual`` the law of
+    the recovered token when all k are rejected.
+    """
+    _check_rule(rule)
+    p = _normalized(target_row, "target_row")
+    tokens = [int(t) for t in np.atleast_1d(tokens)]
+    accept = np.zeros(len(tokens))
+    if rule == "deterministic":
+        remaining = p.copy()
+        for j, t in enumerate(tokens):
+            mass = remaining.sum()
+            accept[j] = p[t] / mass if mass > 0 else 0.0
+            remaining[t] = 0.0
+        return accept, (remaining / remaining.sum() if remaining.sum() > 0 else p)
+    q = _normalized(draft_row, "draft_row")
+    r = p
+    for j, t in enumerate(tokens):
+        accept[j] = min(1.0, r[t] / q[t]) if q[t] > 0 else float(r[t] > 0)
+        r = _minus_and_normalize(r, q)
+        if rule == "without_replacement":
+            q = q.copy()
+            q[t] = 0.0
+            if q.sum() > 0:
+                q /= q.sum()
+    return accept, r
+
+
+def tree_node_probabilities(target_probs, draft_probs, draft_tokens, parents, rule):
+    """``[N]``: the probability that each node of a GIVEN tree is on the accepted path.
+
+    target_probs ``[N+1, V]``, draft_probs ``[N+1, V]`` (or None for "deterministic"),
+    draft_tokens, parents ``[N]``.  Their sum is E[accepted | tree]; for "deterministic" node i
+    gets the product of the target probabilities of the tokens along its path.
+    """
+    children = tree_children(parents)
+    tokens = np.asarray(draft_tokens).reshape(-1)
+    reached = np.zeros(len(children))
+    reached[0] = 1.0
+    for r, kids in enumerate(children):  # topological: a position is final before its children
+        if not kids or reached[r] == 0.0:
+            continue
+        draft_row = None if draft_probs is None else np.asarray(draft_probs)[r]
+        accept, _ = node_rule(np.asarray(target_probs)[r], draft_row, tokens[kids], rule)
+        survive = 1.0
+        for i, a in zip(kids, accept):
+            reached[i + 1] = reached[r] * survive * a
+            survive *= 1.0 - a
+    return reached[1:]
+
+
+def tree_depths(parents):
+    """``[N]`` depth of each node (children of the root have depth 1)."""
+    depth = []
+    for parent in np.asarray(parents).tolist():
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return np.array(depth, dtype=np.int64)
+
+
+def depth_pmf(node_probabilities, parents):
+    """Accepted-length pmf ``[max depth + 1]`` from the nodes' acceptance probabilities:
+    P(N >= d) = sum of the nodes at depth d."""
+    depth = tree_depths(parents)
+    at_least = np.ones(int(depth.max(initial=0)) + 1)
+    for d in range(1, at_least.size):
+        at_least[d] = np.asarray(node_probabilities)[depth == d].sum()
+    return at_least - np.append(at_least[1:], 0.0)
+
+
+def _ordered_draws_without_replacement(q, k):
+    """(tokens, probability) of every ordered draw of min(k, |supp q|) distinct tokens from q."""
+    k = min(k, int((q > 0).sum()))
+
+    def extend(prefix, prob, remaining):
+        if len(prefix) == k:
+            yield tuple(prefix), prob
+            return
+        mass = remaining.sum()
+        for t in np.flatnonzero(remaining > 0):
+            rest = remaining.copy()
+            rest[t] = 0.0
+            yield from extend(prefix + [int(t)], prob * remaining[t] / mass, rest)
+
+    yield from extend([], 1.0, q.copy())
+
+
+def child_acceptance(target_row, draft_row, k, rule):
+    """``[k]``: P(the j-th child is the accepted one) when the k children are drawn from the draft
+    law (with or without replacement), marginally over the draws.  With replacement:
+    ``a_j prod_{l<j} (1 - a_l)`` with ``a_j = sum_v min(R_{j-1}, q)``; without replacement by
+    enumeration of the ordered draws (small V).  Their sum is the position's acceptance."""
+    if rule not in ("with_replacement", "without_replacement"):
+        raise ValueError(f"per-position draft laws need a sampled rule, got {rule!r}")
+    p = _normalized(target_row, "target_row")
+    q = _normalized(draft_row, "draft_row")
+    out = np.zeros(k)
+    if rule == "with_replacement":
+        r, survive = p, 1.0
+        for j in range(k):
+            a = np.minimum(r, q).sum()
+            out[j] = survive * a
+            survive *= 1.0 - a
+            r = _minus_and_normalize(r, q)
+        return out
+    for tokens, prob in _ordered_draws_without_replacement(q, k):
+        accept, _ = node_rule(p, q, tokens, rule)
+        survive = 1.0
+        for j, a in enumerate(accept):
+            out[j] += prob * survive * a
+            survive *= 1.0 - a
+    return out
+
+
+def rrs_acceptance(target_row, draft_row, k, replacement):
+    """Acceptance of one position with k children drawn from q (recursive rejection sampling):
+    with replacement ``1 - prod_j (1 - a_j)`` over the recursive residuals."""
+    rule = "with_replacement" if replacement else "without_replacement"
+    return float(child_acceptance(target_row, draft_row, k, rule).sum())
+
+
+def optimal_multidraft_acceptance(target_row, draft_row, k):
+    """``1 - max_S [q(S)^k - p(S)]`` over every subset S of the vocabulary: the largest
+    acceptance of any valid verifier of k i.i.d. drafts from q (small V: 2^V subsets)."""
+    p = _normalized(target_row, "target_row")
+    q = _normalized(draft_row, "draft_row")
+    if p.size > 20:
+        raise ValueError(f"optimal_multidraft_acceptance enumerates 2^V subsets; V = {p.size} is too large")
+    members = (np.arange(2**p.size)[:, None] >> np.arange(p.size)) & 1  # [2^V, V] subsets
+    return float(1.0 - np.max((members @ q) ** k - members @ p))
+
+
+def tree_length_pmf(target_probs, draft_probs, parents, rule):
+    """Accepted-length pmf ``[max depth + 1]`` of a tree SHAPE whose children are drawn at every
+    position from that position's draft row (rows fixed per position, as the chain law assumes).
+
+    target_probs, draft_probs ``[N+1, V]`` (row r: position r); ``parents [N]`` gives the shape
+    (a position's children are its draw slots in order).  Recursion over the tree: from position
+    r, nothing more is accepted w.p. 1 - sum_j pi_j, slot j w.p. pi_j = ``child_acceptance`` and
+    then the subtree's length follows.
+    """
+    children = tree_children(parents)
+    target_probs = np.asarray(target_probs)
+    draft_probs = np.asarray(draft_probs)
+    depth = int(tree_depths(parents).max(initial=0))
+    length = [None] * len(children)
+    for r in reversed(range(len(children))):  # children before parents
+        kids = children[r]
+        pmf = np.zeros(depth + 1)
+        pi = child_acceptance(target_probs[r], draft_probs[r], len(kids), rule) if kids else np.zeros(0)
+        pmf[0] = 1.0 - pi.sum()
+        for i, share in zip(kids, pi):
+            pmf[1:] += share * length[i + 1][:-1]
+        length[r] = pmf
+    return length[0]

@@ -10,7 +10,8 @@ Sections:
   cases (ties, -inf, all-equal rows, one finite logit, V = 1, huge and tiny temperatures,
   top_k >= V, top_p = 1, min_p edges), in place, 1-D, torch tensors;
 - validation: every bad argument raises an exception that names it;
-- accept_logits equals accept(warp(target), warp(draft)) given the same uniforms, and its
+- accept_logits (accept_block_logits) equals accept(warp(target), warp(draft)) (accept_block
+  of them) given the same uniforms, and accept_logits's
   outputs follow the law of the warped target (chi-square at ALPHA = 1e-6); the same test
   rejects a draft warped differently from the target and an unwarped target.
 """
@@ -293,6 +294,24 @@ def test_accept_logits_equals_accept_of_warped_rows():
 
 
 @pytest.mark.emulated
+def test_accept_block_logits_equals_accept_block_of_warped_rows():
+    rng = np.random.default_rng(10)
+    for trial in range(scaled(150, 30)):
+        k, vocab = int(rng.integers(0, 5)), int(rng.choice([3, 50, 600]))
+        kind = rng.choice(["normal", "ties", "masked", "zipf"])
+        target, draft = logit_rows(rng, k + 1, vocab, kind), logit_rows(rng, k, vocab, kind)
+        settings = SETTINGS[int(rng.integers(len(SETTINGS)))]
+        p, q = rw.warp(target, **settings), rw.warp(draft, **settings)
+        tokens = np.array([rng.choice(vocab, p=row / row.sum(dtype=np.float64)) for row in q.astype(np.float64)],
+                          dtype=np.int64)
+        u = rng.random(k + 1)
+        assert sv.accept_block_logits_from_uniforms(target, draft, tokens, u, **settings) == \
+            ref.accept_block(p, q, tokens, u)
+        assert sv.accept_block_logits_from_uniforms(target, None, tokens, u, **settings) == \
+            ref.accept_block(p, None, tokens, u)
+
+
+@pytest.mark.emulated
 def test_accept_logits_generator_contract():
     rng = np.random.default_rng(7)
     target, draft = logit_rows(rng, 4, 100, "zipf"), logit_rows(rng, 3, 100, "zipf")
@@ -302,6 +321,9 @@ def test_accept_logits_generator_contract():
         got = sv.accept_logits(target, draft, tokens, g1, top_p=0.9)
         assert got == sv.accept_logits_from_uniforms(target, draft, tokens, g2.random(4), top_p=0.9)
     assert g1.random() == g2.random()
+    for _ in range(20):
+        got = sv.accept_block_logits(target, draft, tokens, g1, top_k=30)
+        assert got == sv.accept_block_logits_from_uniforms(target, draft, tokens, g2.random(4), top_k=30)
 
 
 def law_case():
