@@ -358,15 +358,18 @@ def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float mi
     """Kernel entry of ``specverify.warp``: logits and out are C-contiguous float32 [n, V]
     ndarrays (out writable; out may be logits itself), the settings already validated and
     converted (``scale = temperature_scale(T)``, ``min_p = min_p_threshold(min_p)`` or 0)."""
-    cdef const float[:, ::1] x = logits
-    cdef float[:, ::1] o = out
-    cdef Py_ssize_t bad_row = -1, n = x.shape[0], v = x.shape[1]
+    cdef _Held held = _Held()
+    cdef Rows x, o
+    cdef Py_ssize_t bad_row = -1
     cdef int status
-    if n == 0:
+    # (Rows, not typed memoryviews: those bring atomic reference counts, i.e. ARMv8.1 code.)
+    if not (_read_rows(logits, &x, held) and _read_rows(out, &o, held)):
+        raise AssertionError("warp_into: logits and out must be float32 rows with unit inner stride")
+    if x.rows == 0:
         return out
     with nogil:
-        status = _warp_rows(&x[0, 0], v, n, v, scale, top_k, top_p, min_p, &o[0, 0], v,
-                            &bad_row)
+        status = _warp_rows(<const float*> x.data, x.stride, x.rows, x.cols, scale, top_k, top_p,
+                            min_p, <float*> o.data, o.stride, &bad_row)
     if status != OK:
         _raise_row_status(status, "logits", logits, bad_row)
     return out
@@ -375,13 +378,17 @@ def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float mi
 cdef object _warp_per_thread = threading.local()
 
 
-cdef float[:, ::1] _scratch_rows(Py_ssize_t rows, Py_ssize_t v):
-    """This thread's float32 scratch of at least [rows, v], reused from call to call (a fresh
-    multi-megabyte allocation per call would cost its page faults every time)."""
-    cdef object held = getattr(_warp_per_thread, "rows", None)
-    if held is None or held.size < rows * v:
-        held = _warp_per_thread.rows = np.empty(rows * v, dtype=np.float32)
-    return held[: rows * v].reshape(rows, v)
+cdef float* _scratch_rows(Py_ssize_t rows, Py_ssize_t v) except NULL:
+    """This thread's float32 scratch of at least [rows, v] (rows v floats apart), reused from
+    call to call (a fresh multi-megabyte allocation per call would cost its page faults every
+    time).  Valid until this thread's next call."""
+    cdef object scratch = getattr(_warp_per_thread, "rows", None)
+    cdef Rows view
+    if scratch is None or scratch.shape[1] < rows * v:
+        scratch = _warp_per_thread.rows = np.empty((1, max(rows * v, 1)), dtype=np.float32)
+    if not _read_rows(scratch, &view, _Held()):
+        raise AssertionError("warp scratch: unreadable array")
+    return <float*> view.data
 
 
 def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
@@ -413,7 +420,7 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     cdef const double* u
     cdef Py_ssize_t k, v, n_accepted = 0, bad_row = -1
     cdef int64_t next_token = -1
-    cdef float[:, ::1] warped
+    cdef float* warped
     cdef float* warped_draft = NULL
     cdef int status
     cdef bint draft_failed = False
@@ -425,7 +432,7 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
         draft_logits = _rows(draft_logits, "draft_logits", k, v, &draft, held)
     warped = _scratch_rows(2 * k + 1 if draft_logits is not None else k + 1, v)
     if draft_logits is not None and k > 0:
-        warped_draft = &warped[k + 1, 0]
+        warped_draft = warped + (k + 1) * v
     # The call's own copy of the ids: what is range-checked is what the kernel reads.
     tokens = <int64_t*> malloc(max(k, 1) * sizeof(int64_t))
     if tokens == NULL:
@@ -436,13 +443,13 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
         uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
         with nogil:
             status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
-                                top_p, min_p, &warped[0, 0], v, &bad_row)
+                                top_p, min_p, warped, v, &bad_row)
             if status == OK and warped_draft != NULL:
                 status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
                                     top_p, min_p, warped_draft, v, &bad_row)
                 draft_failed = status != OK
             if status == OK:
-                status = kernel(&warped[0, 0], v, warped_draft, v, tokens, k, v, u, &n_accepted,
+                status = kernel(warped, v, warped_draft, v, tokens, k, v, u, &n_accepted,
                                 &next_token, &bad_row)
     finally:
         free(tokens)
