@@ -274,10 +274,11 @@ def test_accept_logits_bad_input_names_the_argument():
 
 
 # -- accept_logits ------------------------------------------------------------------------------
-@pytest.mark.emulated
-def test_accept_logits_equals_accept_of_warped_rows():
-    rng = np.random.default_rng(6)
-    for trial in range(scaled(300, 60)):
+def logit_rounds(seed, count):
+    """``count`` random rounds: (target logits [K+1, V], draft logits [K, V], settings, their
+    warped rows p and q by the reference, draft tokens drawn from q [K], uniforms [K+1])."""
+    rng = np.random.default_rng(seed)
+    for trial in range(count):
         k, vocab = int(rng.integers(0, 5)), int(rng.choice([3, 50, 600]))
         kind = rng.choice(["normal", "ties", "masked", "zipf"])
         target, draft = logit_rows(rng, k + 1, vocab, kind), logit_rows(rng, k, vocab, kind)
@@ -285,7 +286,12 @@ def test_accept_logits_equals_accept_of_warped_rows():
         p, q = rw.warp(target, **settings), rw.warp(draft, **settings)
         tokens = np.array([rng.choice(vocab, p=row / row.sum(dtype=np.float64)) for row in q.astype(np.float64)],
                           dtype=np.int64)
-        u = rng.random(k + 1)
+        yield target, draft, settings, p, q, tokens, rng.random(k + 1)
+
+
+@pytest.mark.emulated
+def test_accept_logits_equals_accept_of_warped_rows():
+    for target, draft, settings, p, q, tokens, u in logit_rounds(6, scaled(300, 60)):
         want = ref.accept(p, q, tokens, u)
         assert sv.accept_logits_from_uniforms(target, draft, tokens, u, **settings) == want
         assert sv.accept_from_uniforms(sv.warp(target, **settings), sv.warp(draft, **settings), tokens, u) == want
@@ -295,16 +301,7 @@ def test_accept_logits_equals_accept_of_warped_rows():
 
 @pytest.mark.emulated
 def test_accept_block_logits_equals_accept_block_of_warped_rows():
-    rng = np.random.default_rng(10)
-    for trial in range(scaled(150, 30)):
-        k, vocab = int(rng.integers(0, 5)), int(rng.choice([3, 50, 600]))
-        kind = rng.choice(["normal", "ties", "masked", "zipf"])
-        target, draft = logit_rows(rng, k + 1, vocab, kind), logit_rows(rng, k, vocab, kind)
-        settings = SETTINGS[int(rng.integers(len(SETTINGS)))]
-        p, q = rw.warp(target, **settings), rw.warp(draft, **settings)
-        tokens = np.array([rng.choice(vocab, p=row / row.sum(dtype=np.float64)) for row in q.astype(np.float64)],
-                          dtype=np.int64)
-        u = rng.random(k + 1)
+    for target, draft, settings, p, q, tokens, u in logit_rounds(10, scaled(150, 30)):
         assert sv.accept_block_logits_from_uniforms(target, draft, tokens, u, **settings) == \
             ref.accept_block(p, q, tokens, u)
         assert sv.accept_block_logits_from_uniforms(target, None, tokens, u, **settings) == \
