@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import bench_impls as bi
+from . import bench_batch, bench_impls as bi
 from . import bench_tree
 
 # ---------------------------------------------------------------------------------------------
@@ -799,6 +799,7 @@ def main(argv=None):
     ap.add_argument("--media-dir", type=Path, default=MEDIA_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV in --out-dir")
+    ap.add_argument("--no-batch", action="store_true", help="skip the verify_batch rows (experiments/bench_batch.py)")
     ap.add_argument("--warp-only", action="store_true",
                     help="only the warping rows (writes warp.csv and prints their table)")
     args = ap.parse_args(argv)
@@ -840,6 +841,11 @@ def main(argv=None):
     if sv is not None and hasattr(sv, "accept_tree_from_uniforms"):
         tree_rows = bench_tree.run_tree_sweep(sv, settings, args.seed, probe, timer_overhead_ns(),
                                               time_round_robin, sizes=settings["tree_sizes"])
+    batch = None
+    if sv is not None and hasattr(sv, "verify_batch") and not args.no_batch:
+        print("batch rows (verify_batch):")
+        batch = bench_batch.run(sv, settings, args.seed, probe, time_round_robin, timer_overhead_ns(),
+                                bench_batch.QUICK_SWEEP if args.quick else bench_batch.FULL_SWEEP)
     meta.update(load_end=load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1),
                 bandwidth_GBps={f"{k[0]} {k[1]} B": round(v / 1e9, 2) for k, v in probe._cache.items()},
                 floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/bench_impls.py)")
@@ -853,6 +859,9 @@ def main(argv=None):
     write_csv(args.out_dir / bench_tree.TREE_CSV_NAME, tree_rows, bench_tree.TREE_CSV_FIELDS)
     (args.out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     report = markdown_report(rows, overhead, meta, tree_rows, warp_rows)
+    if batch is not None:
+        bench_batch.write(args.out_dir, *batch)
+        report += "\n" + bench_batch.markdown(*batch, meta)
     (args.out_dir / MD_NAME).write_text(report)
     (args.media_dir / MD_NAME).write_text(report)
     if not args.no_plot:

@@ -13,11 +13,11 @@
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
-from . import law, reference, reference_tree, reference_warp, stats
-from .ops import (accept, accept_block, accept_block_from_uniforms, accept_block_logits,
+from . import batch, law, reference, reference_tree, reference_warp, stats
+from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
                   accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
-                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_greedy,
-                  verify_tree_greedy, warp)
+                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_batch,
+                  verify_greedy, verify_tree_greedy, warp)
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,8 @@ __all__ = [
     "verify_tree_greedy",
     "accept_tree",
     "accept_tree_from_uniforms",
+    "verify_batch",
+    "BATCH_METHODS",
     "warp",
     "accept_logits",
     "accept_logits_from_uniforms",

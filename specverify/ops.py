@@ -17,8 +17,12 @@ from . import _inputs, _kernels
 from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
-           "verify_tree_greedy", "accept_tree", "accept_tree_from_uniforms", "warp", "accept_logits",
-           "accept_logits_from_uniforms", "accept_block_logits", "accept_block_logits_from_uniforms"]
+           "verify_tree_greedy", "accept_tree", "accept_tree_from_uniforms", "verify_batch",
+           "BATCH_METHODS", "warp", "accept_logits", "accept_logits_from_uniforms", "accept_block_logits",
+           "accept_block_logits_from_uniforms"]
+
+# Per-request verification methods of verify_batch; a method's integer code is its index here.
+BATCH_METHODS = _kernels.BATCH_METHODS
 
 
 def verify_greedy(target_probs, draft_tokens):
@@ -260,6 +264,78 @@ def accept_tree_from_uniforms(target_probs, draft_probs, draft_tokens, parents, 
     if uniforms is None:
         raise TypeError("uniforms must be the N + 1 float64 uniforms of the call, got None")
     return _kernels.accept_tree(target_probs, draft_probs, draft_tokens, parents, None, uniforms, replacement)
+
+
+def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *, method="token",
+                 has_draft_probs=None, generator=None, generators=None, uniforms=None,
+                 num_threads=None):
+    """Verify a batch of R requests in one call: ragged drafts, per-request methods and streams.
+
+    Layout (vLLM model runner V2's; ``specverify.batch`` converts vLLM V1's and FlashInfer's):
+    request ``r`` owns the draft tokens ``draft_tokens[cu[r]:cu[r+1]]`` (``K_r = cu[r+1] - cu[r]``,
+    0 allowed), the target rows ``target_probs[cu[r] + r : cu[r+1] + r + 1]`` (``K_r + 1`` rows, the
+    last its bonus row) and, when it has them, the draft rows ``draft_probs[cu[r]:cu[r+1]]``.
+    Request ``r`` gets exactly what the single-request op of its method returns on its own rows:
+
+    - ``"greedy"``: ``verify_greedy`` (target rows are scores; negative values and -inf allowed);
+    - ``"token"``: ``accept`` (token-wise speculative sampling), with the request's draft rows, or
+      a point-mass draft (``accept(p, None, t)``) when ``has_draft_probs[r]`` is False;
+    - ``"block"``: ``accept_block`` (block verification), likewise with or without draft rows.
+
+    Randomness: a sampled request uses ``K_r + 1`` float64 uniforms, exactly the single op's; a
+    greedy one uses none.  They come, concatenated in request order (``sum over sampled r of
+    K_r + 1`` in all), from exactly one of:
+
+    - ``uniforms``: given explicitly (each in ``[0, 1)``);
+    - ``generators``: a list of R generators; request ``r`` draws its ``K_r + 1`` from
+      ``generators[r]`` in one call, exactly as ``accept(..., generator=generators[r])`` would
+      (greedy requests draw nothing: their entry may be None and is never advanced);
+    - ``generator``: one generator (or None: torch's default) drawing the whole batch's uniforms
+      in one call, i.e. the same as passing ``uniforms=`` that draw.
+
+    Whatever the batch composition and the thread count, request ``r``'s output is bit for bit the
+    single-request op's on the same uniforms (tested): requests are independent, each writes
+    only its own output row, and its sums follow the fixed order of ``_primitives.pxd``.
+
+    Args:
+        target_probs: ``[sum(K_r) + R, V]`` float rows (float32 read in place, others converted).
+        draft_probs: ``[sum(K_r), V]`` float rows aligned with ``draft_tokens``, or None (every
+            sampled request has a point-mass draft).  Rows of requests that do not read them
+            (greedy, or ``has_draft_probs[r]`` False) are never read or validated.
+        draft_tokens: ``[sum(K_r)]`` integer token ids, every one in ``[0, V)`` (-1 padding is
+            rejected: a shorter draft is a smaller ``K_r``).
+        cu_num_draft_tokens: ``[R + 1]`` integer offsets: a leading 0, non-decreasing, ending at
+            ``len(draft_tokens)``.
+        method: ``"greedy"``, ``"token"`` or ``"block"`` for every request, or per request
+            ``[R]``: a sequence of those names or an integer array of codes
+            (``BATCH_METHODS.index(name)``).
+        has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
+            False).
+        generator, generators, uniforms: the randomness, as above (at most one of them).
+        num_threads: threads to spread the requests over (at most R, at most 64): the calling
+            thread and helper threads (started once, kept) claim requests one at a time; the call
+            waits only for requests a helper has claimed, never for a helper that is late to run
+            (a fork-join barrier costs scheduler slices on a loaded machine).  1 runs on the
+            calling thread alone; so does a call made while another call holds the helpers.
+            None: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use (read once), but
+            only one thread per 2^17 target elements the batch may read (``(sum(K_r) + R) * V``):
+            waking a helper costs more than a small batch gains.
+
+    Returns:
+        ``(output_token_ids, num_accepted)``: ``[R, K_max + 1]`` int64 NumPy array (``K_max =
+        max K_r``) holding request ``r``'s emitted tokens ``draft_tokens[cu[r]:][:n] + [next]`` in
+        its row, padded with -1; and ``[R]`` int64 accepted counts ``n``.
+
+    Raises:
+        TypeError, ValueError, IndexError: as the single ops, and for offsets that do not start at
+        0, decrease, or disagree with ``draft_tokens`` or the row counts; a token outside
+        ``[0, V)`` (the message names the request and position); a generator count other than R;
+        a bad value or zero mass in a row a request reads (the message names the request and the
+        row, globally and within the request).  Nothing is returned when any request fails.
+    """
+    return _kernels.verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                                 method, has_draft_probs, generator, generators, uniforms,
+                                 num_threads)
 
 
 @functools.lru_cache(maxsize=64, typed=True)  # typed: True and 1 are different settings
