@@ -14,12 +14,12 @@ absolute name (``specverify._args``), which the Hugging Face ``kernels`` loader 
 since it registers this package under a hashed name (see ``specverify.hub``).
 """
 
-from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport strcmp
+from libc.string cimport memcpy, strcmp
 
 import sys
 import threading
