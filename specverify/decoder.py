@@ -24,6 +24,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from . import _inputs
 from .ops import accept, verify_greedy
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
@@ -191,13 +192,13 @@ class SpeculativeDecoder:
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
             m = min(self.k, remaining - 1)
-            prefix = buf[:n]
+            prefix = buf[:n]  # each callback gets its own copy: writing to it changes no output
             draft_probs = None
             if m > 0:
                 t0 = clock()
-                tokens, draft_probs = self.draft_step(prefix, m)  # [m], [m, V] or None
+                returned = self.draft_step(prefix.clone(), m)  # ([m], [m, V] or None)
                 stats.draft_time += clock() - t0
-                tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
+                tokens, draft_probs = draft_result(returned)
                 if tokens.numel() > m:
                     raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
                 m = tokens.numel()  # a short proposal is fine: the round verifies what there is
@@ -207,14 +208,11 @@ class SpeculativeDecoder:
                 tokens = torch.empty(0, dtype=torch.int64)
 
             t0 = clock()
-            target_probs = self.target_step(prefix, tokens)  # [m+1, V]
+            target_probs = self.target_step(prefix.clone(), tokens.clone())  # [m+1, V]
             stats.target_time += clock() - t0
-            if tuple(target_probs.shape[:1]) != (m + 1,):
-                raise ValueError(
-                    f"target_step returned {tuple(target_probs.shape)} rows, expected [{m + 1}, V]"
-                )
-            if draft_probs is not None and m > 0 and tuple(draft_probs.shape[:1]) != (m,):
-                raise ValueError(f"draft probs have shape {tuple(draft_probs.shape)}, expected [{m}, V]")
+            target_probs = score_rows(target_probs, "target_step returned target_probs", m + 1)
+            if draft_probs is not None and m > 0:
+                draft_probs = score_rows(draft_probs, "draft_step returned probs", m)
 
             t0 = clock()
             n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
@@ -231,3 +229,47 @@ class SpeculativeDecoder:
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()
+
+
+# -- what the callbacks return, checked at the boundary ----------------------------------------
+
+def _described(x) -> str:
+    """What a callback returned, for an error message: its type, and shape/dtype or a short repr."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(x).__name__} of shape {list(shape)} and dtype {dtype}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def draft_result(returned) -> Tuple[torch.Tensor, Optional[object]]:
+    """``(tokens [j] int64 tensor, probs or None)`` from what ``draft_step`` returned.
+
+    Token ids must be integers in a 1-D sequence (list, array or tensor; booleans, floats, complex
+    numbers, strings, nested lists and ids outside int64 are refused rather than cast); anything
+    else raises TypeError/ValueError/IndexError naming draft_step and what it returned.
+    """
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 2):
+        raise TypeError(f"draft_step must return a pair (tokens, probs or None), got {_described(returned)}")
+    tokens, probs = returned
+    try:
+        tokens = _inputs.tokens_int64(tokens, "tokens")
+    except (TypeError, ValueError, IndexError) as error:
+        raise type(error)(f"draft_step returned unusable tokens ({_described(tokens)}): {error}") from None
+    return torch.as_tensor(tokens), probs
+
+
+def score_rows(rows, what: str, n_rows: int):
+    """``rows`` if it is a 2-D ``[n_rows, V]`` array-like (tensor, array or nested list, which
+    the ops accept), else a TypeError/ValueError saying what the callback returned."""
+    if rows is None or isinstance(rows, (str, bytes)):
+        raise TypeError(f"{what} {_described(rows)}, expected [{n_rows}, V] scores")
+    shape = getattr(rows, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(rows)
+        except ValueError:  # ragged nested lists
+            raise TypeError(f"{what} {_described(rows)}, expected [{n_rows}, V] scores") from None
+    if len(shape) != 2 or shape[0] != n_rows:
+        raise ValueError(f"{what} of shape {list(shape)}, expected [{n_rows}, V]")
+    return rows

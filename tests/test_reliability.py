@@ -249,9 +249,9 @@ def test_scratch_cache_stays_bounded_over_4000_distinct_k():
         n, token = sv.accept(target[:k + 1], None, tokens[:k], generator)
         assert 0 <= n <= k and token in (0, 1)
     grown = _rss_bytes() - before
+    assert grown < 16 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 4000 distinct K"  # was 64+ MiB
     sizes = _kernels._scratch_sizes()
     assert len(sizes) <= 8 and max(sizes) <= 4096, sizes
-    assert grown < 16 * 2**20, f"RSS grew {grown / 2**20:.1f} MiB over 4000 distinct K"  # was 64+ MiB
     # Draws still equal torch.rand's, through the cache and past it.
     for k in (3, 5000):
         state = generator.get_state()
@@ -322,3 +322,95 @@ def test_threads_drawing_from_torch_generators_equal_serial_results():
     for th in threads:
         th.join()
     assert out == serial
+
+
+# -- defect 8: SpeculativeDecoder with hostile callbacks ----------------------------------------
+
+def _decoder_callbacks(greedy):
+    pytest.importorskip("torch")
+    from experiments.synthetic import BigramModel, markov_callbacks, random_bigram
+
+    rng = np.random.default_rng(3)
+    target, draft = BigramModel(random_bigram(rng, 6, 1.0)), BigramModel(random_bigram(rng, 6, 1.0))
+    return markov_callbacks(target, draft, np.random.default_rng(4), greedy=greedy)
+
+
+def _hostile_drafts():
+    torch = pytest.importorskip("torch")
+    return [
+        ("float_tokens", lambda p, k: ([1.7] * k, None), TypeError, r"draft_step returned unusable tokens \(list .*float64"),
+        ("bool_tokens", lambda p, k: (torch.ones(k, dtype=torch.bool), None), TypeError, "torch.bool"),
+        ("complex_tokens", lambda p, k: (np.ones(k, np.complex64), None), TypeError, "complex64"),
+        ("tokens_2d", lambda p, k: (torch.zeros(1, k, dtype=torch.int64), None), ValueError, r"must be 1-D"),
+        ("nested_tokens", lambda p, k: ([[1] * k], None), ValueError, r"must be 1-D"),
+        ("string_tokens", lambda p, k: (["a"] * k, None), TypeError, "must hold integer token ids"),
+        ("huge_ids", lambda p, k: ([2**63] * k, None), IndexError, "outside the int64 range"),
+        ("returns_none", lambda p, k: None, TypeError, r"draft_step must return a pair \(tokens, probs or None\), got NoneType"),
+        ("bare_tensor", lambda p, k: torch.zeros(k, dtype=torch.int64), TypeError, r"got Tensor of shape \[\d\]"),
+        ("triple", lambda p, k: ([0] * k, None, None), TypeError, "got tuple"),
+        ("probs_1d", lambda p, k: ([0] * k, np.ones(6)), ValueError, r"draft_step returned probs of shape \[6\]"),
+        ("probs_string", lambda p, k: ([0] * k, "probs"), TypeError, "draft_step returned probs str"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(12))
+def test_hostile_draft_callbacks_get_a_clear_error(index):
+    torch = pytest.importorskip("torch")
+    _, draft_step, error, fragment = _hostile_drafts()[index]
+    _, target_step = _decoder_callbacks(greedy=False)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=3, greedy=False, generator=np.random.default_rng(0))
+    with pytest.raises(error, match=fragment):
+        dec.generate(torch.tensor([1, 2]), max_new=6)
+
+
+def test_hostile_target_callbacks_get_a_clear_error():
+    torch = pytest.importorskip("torch")
+    draft_step, _ = _decoder_callbacks(greedy=True)
+    for target_step, error, fragment in [
+        (lambda p, t: None, TypeError, r"target_step returned target_probs NoneType None, expected \[\d, V\]"),
+        (lambda p, t: "rows", TypeError, "target_step returned target_probs str 'rows'"),
+        (lambda p, t: [[0.5, 0.5], [0.1]], TypeError, "target_step returned target_probs list"),
+        (lambda p, t: torch.ones(6), ValueError, r"target_step returned target_probs of shape \[6\], expected"),
+    ]:
+        dec = sv.SpeculativeDecoder(draft_step, target_step, k=3, greedy=True)
+        with pytest.raises(error, match=fragment):
+            dec.generate(torch.tensor([1, 2]), max_new=6)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_nested_lists_from_callbacks_are_accepted_like_the_ops_accept_them(greedy):
+    torch = pytest.importorskip("torch")
+
+    def as_lists(draft_step, target_step):
+        def d(prefix, k):
+            tokens, probs = draft_step(prefix, k)
+            return np.asarray(tokens).tolist(), None if probs is None else np.asarray(probs).tolist()
+
+        return d, lambda prefix, proposed: np.asarray(target_step(prefix, proposed)).tolist()
+
+    outputs = []
+    for wrap in (lambda d, t: (d, t), as_lists):
+        d, t = wrap(*_decoder_callbacks(greedy))
+        dec = sv.SpeculativeDecoder(d, t, k=3, greedy=greedy, generator=np.random.default_rng(9))
+        outputs.append(dec.generate(torch.tensor([1, 2]), max_new=20))
+    assert torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_callbacks_writing_into_prefix_change_no_output(greedy):
+    torch = pytest.importorskip("torch")
+
+    def vandal(step):
+        def wrapped(prefix, *args):
+            result = step(prefix, *args)
+            prefix.fill_(0)  # a callback that scribbles on its argument
+            return result
+
+        return wrapped
+
+    outputs = []
+    for wrap in (lambda f: f, vandal):
+        d, t = _decoder_callbacks(greedy)
+        dec = sv.SpeculativeDecoder(wrap(d), wrap(t), k=3, greedy=greedy, generator=np.random.default_rng(9))
+        outputs.append(dec.generate(torch.tensor([1, 2, 3]), max_new=20))
+    assert torch.equal(outputs[0], outputs[1])
