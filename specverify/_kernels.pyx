@@ -43,6 +43,17 @@ def lane_count():
     return LANES
 
 
+def bounds_checked():
+    """Whether this build checks every computed index (SV_CHECK_INDEX; see ``_primitives.pxd``)."""
+    return bool(BOUNDSCHECKED)
+
+
+def _check_index(Py_ssize_t i, Py_ssize_t n):
+    """SV_CHECK_INDEX(i, n) from Python: in a bounds-checked build an index outside [0, n) aborts
+    the process with a message (the test that the checks are compiled in); else a no-op."""
+    check_index(i, n)
+
+
 def row_masses(rows):
     """Masses of a float32 [rows, V] matrix in the documented order (tests, cross-arch checks)."""
     cdef _Held held = _Held()
