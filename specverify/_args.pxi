@@ -254,7 +254,7 @@ cdef void _release_last(_Held held) noexcept:
 
 cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
     """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor (exact types, not subclasses),
-    4-byte aligned, with unit inner stride.  Strides of an empty matrix do not matter."""
+    4-byte aligned, with unit inner stride.  Strides and address of an empty matrix do not matter."""
     cdef Py_buffer* view
     cdef TensorView tensor
     if type(x) is _ndarray:
@@ -263,7 +263,7 @@ cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
         if (view.ndim != 2 or view.format == NULL or strcmp(view.format, b"f") != 0
                 or (view.shape[0] > 0 and view.shape[1] > 1 and view.strides[1] != 4)
                 or (view.shape[0] > 1 and view.strides[0] % 4 != 0)
-                or <uintptr_t> view.buf % 4 != 0):
+                or (view.shape[0] > 0 and view.shape[1] > 0 and <uintptr_t> view.buf % 4 != 0)):
             _release_last(held)
             return False
         out.data, out.rows, out.cols = <const char*> view.buf, view.shape[0], view.shape[1]
@@ -273,7 +273,7 @@ cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
         if (not _view_tensor(x, &tensor) or tensor.ndim != 2 or tensor.code != DLPACK_FLOAT
                 or tensor.bits != 32
                 or (tensor.shape[0] > 0 and tensor.shape[1] > 1 and tensor.strides[1] != 1)
-                or <uintptr_t> tensor.data % 4 != 0):
+                or (tensor.shape[0] > 0 and tensor.shape[1] > 0 and <uintptr_t> tensor.data % 4 != 0)):
             return False
         out.data, out.rows, out.cols = tensor.data, tensor.shape[0], tensor.shape[1]
         out.stride = tensor.strides[0]
@@ -308,7 +308,7 @@ cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** da
             return False
         if (view.ndim != 1 or view.itemsize != itemsize or view.format == NULL
                 or (view.shape[0] > 1 and view.strides[0] != itemsize)
-                or <uintptr_t> view.buf % itemsize != 0
+                or (view.shape[0] > 0 and <uintptr_t> view.buf % itemsize != 0)
                 or (kind == b'i' and not (strcmp(view.format, b"l") == 0
                                           or strcmp(view.format, b"q") == 0))
                 or (kind == b'f' and strcmp(view.format, b"d") != 0)):
@@ -320,7 +320,7 @@ cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** da
         if (not _view_tensor(x, &tensor) or tensor.ndim != 1 or tensor.bits != 8 * itemsize
                 or tensor.code != (DLPACK_INT if kind == b'i' else DLPACK_FLOAT)
                 or (tensor.shape[0] > 1 and tensor.strides[0] != 1)
-                or <uintptr_t> tensor.data % itemsize != 0):
+                or (tensor.shape[0] > 0 and <uintptr_t> tensor.data % itemsize != 0)):
             return False
         data[0], n[0] = tensor.data, tensor.shape[0]
         return True

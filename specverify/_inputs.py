@@ -128,6 +128,8 @@ def tokens_int64(tokens, name="draft_tokens"):
     if is_tensor(tokens):
         torch = loaded_torch()
         tokens = plain_tensor(tokens, name)
+        if tokens.dim() == 1 and tokens.numel() == 0:
+            return np.zeros(0, dtype=np.int64)  # no tokens, whatever the dtype (torch.tensor([]) is float)
         if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
             raise TypeError(f"{name} must hold integer token ids, got {tokens.dtype}")
         if tokens.dim() != 1:
@@ -141,7 +143,7 @@ def tokens_int64(tokens, name="draft_tokens"):
     if tokens.ndim != 1:
         raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
     if tokens.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)  # no tokens, whatever the dtype (np.asarray([]) is float)
     kind = tokens.dtype.kind
     if kind == "O":
         # Python ints (small, or too large for int64) and other objects end up here.
