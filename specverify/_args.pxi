@@ -195,6 +195,7 @@ cdef struct Rows:
     Py_ssize_t stride  # elements between rows
 
 
+@cython.no_gc  # holds only bytearrays: no reference cycle to collect, and one less cost per call
 cdef class _Held:
     """What one call owns until it returns: the buffers acquired from its arguments (released
     when the call ends) and private copies of its token ids and uniforms.

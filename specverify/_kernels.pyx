@@ -14,6 +14,7 @@ absolute name (``specverify._args``), which the Hugging Face ``kernels`` loader 
 since it registers this package under a hashed name (see ``specverify.hub``).
 """
 
+cimport cython
 from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
