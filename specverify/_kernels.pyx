@@ -5,7 +5,8 @@
   every op reuses (block sums, residual block sums, validation max, blocked argmax, inverse-CDF
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
-- one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``), holding
+- one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
+  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``), holding
   its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
@@ -32,6 +33,7 @@ from ._primitives cimport *
 
 include "_args.pxi"
 include "_chain.pxi"
+include "_tree.pxi"
 
 
 def block_size():
