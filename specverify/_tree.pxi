@@ -336,7 +336,7 @@ cdef object _new_path(Py_ssize_t n, int64_t** data, _Held held):
     cdef Py_ssize_t count
     path = np.empty(n, np.int64)
     if not _read_vector(path, b'i', 8, &raw, &count, held):
-        raise AssertionError("np.empty produced an unreadable array")
+        _unreadable("the accepted path")
     data[0] = <int64_t*> raw
     return path
 

@@ -47,6 +47,13 @@ def writer():
         i += 1
 
 
+def _path_end(result):
+    """(accepted path length, next token) of a tree op, after checking the path's node ids."""
+    path, token = result
+    assert all(0 <= int(i) < K for i in path), path
+    return len(path), token
+
+
 # What a raised error may say: the argument the writer touched.
 EXPECTED_ERRORS = {IndexError: ("draft_tokens[1] = ",), ValueError: ("target_probs[2] ", "uniforms must lie")}
 
@@ -56,6 +63,15 @@ ops = {
     "accept_from_uniforms": lambda: sv.accept_from_uniforms(target, draft, tokens, uniforms),
     "verify_greedy": lambda: sv.verify_greedy(target, tokens),
 }
+if hasattr(sv, "accept_tree"):  # the tree ops, on a chain-shaped tree (rows [N+1, V])
+    parents = np.arange(-1, K - 1)
+    tree_draft = target.copy()
+    ops.update({
+        "verify_tree_greedy": lambda: _path_end(sv.verify_tree_greedy(target, tokens, parents)),
+        "accept_tree": lambda: _path_end(sv.accept_tree(target, tree_draft, tokens, parents, generator)),
+        "accept_tree_deterministic": lambda: _path_end(
+            sv.accept_tree_from_uniforms(target, None, tokens, parents, uniforms)),
+    })
 thread = threading.Thread(target=writer, daemon=True)
 thread.start()
 counts = {}

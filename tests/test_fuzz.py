@@ -28,11 +28,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import specverify as sv  # noqa: E402
-from specverify import reference  # noqa: E402
+from specverify import reference, reference_tree  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
-PROFILES = {"ci": 300, "sanitize": 40, "long": 20000}  # cases per test (x2 tests x ops)
+PROFILES = {"ci": 200, "sanitize": 25, "long": 20000}  # cases per test (2 tests per op)
 PROFILE = os.environ.get("SPECVERIFY_FUZZ_PROFILE", "ci")
 EXAMPLES = int(os.environ.get("SPECVERIFY_FUZZ_EXAMPLES", PROFILES.get(PROFILE, PROFILES["ci"])))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -47,8 +47,9 @@ INT64_MAX = 2**63 - 1
 
 # -- the values a case holds --------------------------------------------------------------------
 
-def draw_rows(data, rows, v, kind):
-    """[rows, v] float32: probabilities ("probs") or greedy scores ("scores"), specials injected."""
+def draw_rows(data, rows, v, kind, specials=True):
+    """[rows, v] float32: probabilities ("probs") or greedy scores ("scores"), specials injected
+    (unless ``specials`` is False: then every row is valid)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="row seed"))
     family = data.draw(st.sampled_from(["softmax", "sparse", "wide", "uniform", "huge", "identical", "ties"]))
     if family == "softmax":
@@ -69,6 +70,8 @@ def draw_rows(data, rows, v, kind):
     x = x.astype(np.float32)
     if kind == "scores":
         x = np.where(rng.random((rows, v)) < 0.5, -x, x).astype(np.float32)
+    if not specials:
+        return x if kind == "scores" else x + np.float32(1e-3)
     if rows:
         for _ in range(data.draw(st.integers(0, 3), label="specials")):
             r, c = data.draw(st.integers(0, rows - 1)), data.draw(st.integers(0, v - 1))
@@ -198,6 +201,7 @@ class Case:
     draft: Optional[np.ndarray]        # [K, V] float32, or None
     tokens: np.ndarray                 # [K] int64
     uniforms: Optional[np.ndarray]     # [K+1] float64, or None
+    parents: Optional[np.ndarray] = None  # tree ops: [N] int64 (N = K nodes), else None
 
 
 @dataclass
@@ -211,6 +215,8 @@ class Op:
     uniforms: bool            # takes explicit uniforms
     call: Callable
     expected: Callable
+    tree: bool = False        # a draft tree (parents [N], draft rows [N+1, V]) instead of a chain
+    specials: bool = True     # rows may hold invalid values (the oracle knows which rows are read)
 
 
 def chain_expected(case, run_reference, scores, check_draft):
@@ -272,6 +278,61 @@ OPS = [
        call=lambda a: sv.accept(a["target_probs"], None, a["draft_tokens"], torch.Generator().manual_seed(a["seed"])),
        expected=lambda c: chain_expected(c, _accept_reference, False, False)),
 ]
+
+
+def _tree_result(result):
+    path, token = result
+    return tuple(int(i) for i in path), token
+
+
+def tree_expected(case, run_reference, scores):
+    """Tree ops: the reference's result, or its ValueError (a without-replacement draft row with no
+    mass left for a later sibling).  Rows are valid as drawn, but a lossy container (float16,
+    bfloat16) can overflow them: then either an error naming one of those rows or the reference's
+    result on the rows with the invalid ones replaced (they were not read) is right."""
+    valid = valid_scores if scores else valid_probs
+    bad = [f"target_probs[{r}]" for r in range(case.k + 1) if not valid(case.target[r])]
+    bad += [f"draft_probs[{r}]" for r in range(case.k + 1) if case.draft is not None and not valid_probs(case.draft[r])]
+    if bad:
+        case = Case(case.k, case.v, np.where([[valid(r)] for r in case.target], case.target, np.float32(1)),
+                    None if case.draft is None else np.where([[valid_probs(r)] for r in case.draft], case.draft,
+                                                             np.float32(1)),
+                    case.tokens, case.uniforms, case.parents)
+    try:
+        want = ("ok", _tree_result(run_reference(case)))
+    except ValueError as error:
+        assert "no mass outside" in str(error), error
+        want = ("error", ValueError, "no mass outside")
+    return ("either", want, bad) if bad else want
+
+
+def _tree_call(op, **options):
+    def call(a):
+        args = [a["target_probs"]] + ([a["draft_probs"]] if "draft_probs" in a else []) + [a["draft_tokens"], a["parents"]]
+        return _tree_result(op(*args, **options))
+    return call
+
+
+OPS += [
+    Op("verify_tree_greedy", scores=True, draft=False, uniforms=False, tree=True, specials=False,
+       call=_tree_call(sv.verify_tree_greedy),
+       expected=lambda c: tree_expected(c, lambda c: reference_tree.verify_tree_greedy(c.target, c.tokens, c.parents),
+                                         True)),
+    Op("accept_tree_deterministic", scores=False, draft=False, uniforms=True, tree=True, specials=False,
+       call=lambda a: _tree_result(sv.accept_tree_from_uniforms(a["target_probs"], None, a["draft_tokens"], a["parents"],
+                                                                a["uniforms"])),
+       expected=lambda c: tree_expected(c, lambda c: reference_tree.accept_tree(c.target, None, c.tokens, c.parents,
+                                                                                c.uniforms), False)),
+] + [
+    Op(f"accept_tree_{'with' if replacement else 'without'}_replacement", scores=False, draft=True, uniforms=True,
+       tree=True, specials=False,
+       call=lambda a, r=replacement: _tree_result(sv.accept_tree_from_uniforms(
+           a["target_probs"], a["draft_probs"], a["draft_tokens"], a["parents"], a["uniforms"], replacement=r)),
+       expected=lambda c, r=replacement: tree_expected(c, lambda c: reference_tree.accept_tree(
+           c.target, c.draft, c.tokens, c.parents, c.uniforms, replacement=r), False))
+    for replacement in (False, True)
+]
+
 GENERATOR_UNIFORMS = {
     "accept_numpy_generator": lambda seed, n: np.random.default_rng(seed).random(n),
     "accept_torch_generator": lambda seed, n: torch.rand(n, dtype=torch.float64,
@@ -279,16 +340,35 @@ GENERATOR_UNIFORMS = {
 }
 
 
+def draw_tree(rng, target, n, v):
+    """parents [N] (topological) and tokens [N], distinct among siblings, mostly the argmax of
+    their parent position's row (so paths go deep)."""
+    parents = np.array([rng.integers(-1, i) if i else -1 for i in range(n)], dtype=np.int64)
+    tokens = np.zeros(n, dtype=np.int64)
+    used = {}
+    for i in range(n):
+        siblings = used.setdefault(int(parents[i]), set())
+        best = int(np.argmax(target[parents[i] + 1]))
+        t = best if best not in siblings and rng.random() < 0.7 else int(rng.choice(sorted(set(range(v)) - siblings)))
+        siblings.add(t)
+        tokens[i] = t
+    return parents, tokens
+
+
 def draw_case(data, op):
     k = data.draw(st.integers(0, 6), label="K")
-    v = data.draw(st.sampled_from(VOCABS), label="V")
-    target = draw_rows(data, k + 1, v, "scores" if op.scores else "probs")
-    draft = draw_rows(data, k, v, "probs") if op.draft else None
+    v = data.draw(st.sampled_from([x for x in VOCABS if x > k] if op.tree else VOCABS), label="V")
+    target = draw_rows(data, k + 1, v, "scores" if op.scores else "probs", op.specials)
+    draft = draw_rows(data, k + 1 if op.tree else k, v, "probs", op.specials) if op.draft else None
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="token seed"))
+    parents = None
+    if op.tree:
+        parents, tokens = draw_tree(rng, target, k, v)
     # Tokens mostly agree with the target (argmax) so later rows get visited too.
     with np.errstate(invalid="ignore"):
         best = np.nanargmax(np.where(np.isnan(target[:k]), -np.inf, target[:k]), axis=1) if k else np.zeros(0, np.int64)
-    tokens = np.where(rng.random(k) < 0.7, best, rng.integers(0, v, k)).astype(np.int64)
+    if not op.tree:
+        tokens = np.where(rng.random(k) < 0.7, best, rng.integers(0, v, k)).astype(np.int64)
     uniforms, seed = None, None
     if op.name in GENERATOR_UNIFORMS:
         seed = data.draw(st.integers(0, 2**32 - 1), label="generator seed")
@@ -297,7 +377,7 @@ def draw_case(data, op):
         uniforms = np.array(data.draw(st.lists(
             st.one_of(st.floats(0.0, 1.0, exclude_max=True), st.sampled_from([0.0, 1.0 - 2.0**-53, 0.5])),
             min_size=k + 1, max_size=k + 1), label="uniforms"), dtype=np.float64)
-    return Case(k, v, target, draft, tokens, uniforms), seed
+    return Case(k, v, target, draft, tokens, uniforms, parents), seed
 
 
 def arguments_in_layouts(data, op, case, seed):
@@ -311,7 +391,11 @@ def arguments_in_layouts(data, op, case, seed):
     u_values = case.uniforms
     if op.uniforms and op.name not in GENERATOR_UNIFORMS:
         args["uniforms"], u_values = in_layout(data, UNIFORM_LAYOUTS, case.uniforms, "uniforms")
-    return args, Case(case.k, case.v, t_values, d_values, tok_values, u_values)
+    if op.tree:
+        args["parents"], p_values = in_layout(data, TOKEN_LAYOUTS, case.parents, "parents")
+    else:
+        p_values = None
+    return args, Case(case.k, case.v, t_values, d_values, tok_values, u_values, p_values)
 
 
 def outcome(call, args):
@@ -322,9 +406,14 @@ def outcome(call, args):
 
 
 def assert_matches(got, want):
+    if want[0] == "either":  # the given outcome, or an error naming one of the listed rows
+        _, want, rows = want
+        if got[0] == "error" and got[1] is ValueError and any(got[2].startswith(r) for r in rows):
+            return
     if want[0] == "ok":
         assert got == want, f"got {got}, expected {want}"
-        assert all(type(x) is int for x in got[1])
+        n_or_path, token = got[1]
+        assert type(token) is int and all(type(i) is int for i in (n_or_path if isinstance(n_or_path, tuple) else [n_or_path]))
     else:
         assert got[0] == "error" and got[1] is want[1] and want[2] in got[2], f"got {got}, expected {want}"
 
@@ -375,6 +464,16 @@ def corruptions(op, case):
                         f"draft_tokens[{j}] = {bad} "))
         out.append((f"token_{j}_beyond_int64", "draft_tokens", replaced(case.tokens, j, 2**64 + 3, True), IndexError,
                     f"draft_tokens[{j}] = {2**64 + 3} is outside"))
+    if op.tree:
+        out.append(("parents_length", "parents", case.parents[:-1] if k else np.zeros(1, np.int64), ValueError,
+                    "parents must have one entry per draft token"))
+        out.append(("parents_float", "parents", lambda: case.parents.astype(np.float64), TypeError,
+                    "parents must hold integer") if k else ("parents_2d", "parents", case.parents[None], ValueError,
+                                                           "parents must be 1-D"))
+        for j in range(k):
+            for bad in (j, -2, 2**40):
+                out.append((f"parent_{j}_{bad}", "parents", replaced(case.parents, j, bad), ValueError,
+                            f"parents[{j}] = {bad}: a node's parent must be -1"))
     if op.draft and k:
         out.append(("draft_cols", "draft_probs", case.draft[:, :v - 1], ValueError, "draft_probs"))
         out.append(("draft_complex", "draft_probs", lambda: case.draft.astype(np.complex64), TypeError,

@@ -52,7 +52,7 @@ def test_tokens_and_uniforms_written_during_the_call_never_corrupt_memory():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}"
     counts = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(counts) == {"accept", "accept_point_mass", "accept_from_uniforms", "verify_greedy"}
+    assert {"accept", "accept_point_mass", "accept_from_uniforms", "verify_greedy"} <= set(counts)
     for name, c in counts.items():
         assert c["results"] > 0, (name, c)  # the loop ran (errors alone would prove little)
 
