@@ -50,8 +50,9 @@ cd "$WORK/src"
 SPECVERIFY_BUILD=asan "$PY" setup.py -q build_ext --inplace > "$WORK/build.log" 2>&1 \
     || { cat "$WORK/build.log"; echo "sanitize: build failed" >&2; exit 2; }
 SO=$(ls specverify/_kernels*.so)
+symbols=$(nm -D "$SO")
 for symbol in __asan_report_load __ubsan_handle_type_mismatch; do  # the instrumentation is in
-    nm -D "$SO" | grep -q "$symbol" || { echo "sanitize: $SO lacks $symbol: not a sanitizer build" >&2; exit 2; }
+    grep -q "$symbol" <<< "$symbols" || { echo "sanitize: $SO lacks $symbol: not a sanitizer build" >&2; exit 2; }
 done
 LIBASAN=$(${CC:-gcc} -print-file-name=libasan.so)
 [[ -f "$LIBASAN" ]] || { echo "sanitize: libasan.so not found ($LIBASAN)" >&2; exit 2; }
