@@ -11,8 +11,9 @@
 #   2. build there with SPECVERIFY_BUILD=asan (-O1 -g -fsanitize=address,undefined,
 #      -DSV_BOUNDSCHECK, Cython's bounds checks on);
 #   3. run the tests with libasan preloaded (Python itself is not instrumented, so the runtime must
-#      be loaded first); ASan and UBSan write their reports to log files (pytest captures stderr,
-#      and a report in a passing test would otherwise be lost), an index-check abort kills the run;
+#      be loaded first) and pytest's capture off: UBSan reports go to stderr whatever log_path says,
+#      and pytest would swallow the stderr of a passing test; stdout and stderr go to one log.  ASan
+#      writes its reports to log files too; an index-check abort kills the run;
 #   4. fail on any test failure, any sanitizer log file, or any report line in the captured output.
 #
 # Environment
@@ -68,9 +69,8 @@ LD_PRELOAD="$PRELOAD" "$PY" -c "import specverify._kernels as k, sys; sys.exit(0
 
 log "running: $TESTS"
 status=0
-# -p no:cacheprovider: nothing written into the copied tree's .pytest_cache matters; capture on
-# (reports go to the log files), so the output stays the usual one line per file.
-LD_PRELOAD="$PRELOAD" "$PY" -m pytest -q -p no:cacheprovider $TESTS > "$WORK/pytest.log" 2>&1 || status=$?
+# --capture=no: a sanitizer report inside a passing test must reach the log (see step 3).
+LD_PRELOAD="$PRELOAD" "$PY" -m pytest -q -p no:cacheprovider --capture=no $TESTS > "$WORK/pytest.log" 2>&1 || status=$?
 tail -n 5 "$WORK/pytest.log"
 
 reports=$(find "$WORK/logs" -type f | sort)
