@@ -5,9 +5,10 @@ A round of speculative decoding (Leviathan, Kalman & Matias 2023; Chen et al. 20
 1. the *draft* proposes ``k`` tokens ``t_0 .. t_{k-1}`` after the current sequence;
 2. the *target* scores all of them in one pass, returning ``k + 1`` next-token rows, row ``i``
    for the position after ``prefix + t[:i]``;
-3. the verifier (:func:`specverify.verify_greedy` or :func:`specverify.accept`) keeps an
-   *accepted* prefix ``t[:n]`` and emits one more token: the *recovered* (residual) token at
-   the first rejection, or the *bonus* token drawn from row ``k`` when all ``k`` were accepted.
+3. the verifier (:func:`specverify.verify_greedy`, :func:`specverify.accept` or
+   :func:`specverify.accept_block`) keeps an *accepted* prefix ``t[:n]`` and emits one more
+   token: the *recovered* (residual) token after the accepted prefix, or the *bonus* token drawn
+   from row ``k`` when all ``k`` were accepted.
 
 Every round therefore *emits* ``n + 1`` tokens. Greedy verification reproduces plain greedy
 decoding of the target token for token; speculative sampling preserves the target's joint law
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from . import _inputs
-from .ops import accept, verify_greedy
+from .ops import accept, accept_block, verify_greedy
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
 
@@ -125,8 +126,12 @@ class SpeculativeDecoder:
     k : int
         Draft tokens proposed per round (fewer in the last rounds, see :meth:`generate`).
     greedy : bool
-        ``True``: :func:`specverify.verify_greedy`. ``False``: :func:`specverify.accept`
-        (speculative sampling).
+        ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
+        as ``method`` says.
+    method : {"token", "block"}
+        Sampling verifier: ``"token"`` (:func:`specverify.accept`, token by token) or ``"block"``
+        (:func:`specverify.accept_block`, block verification: same output law, never fewer
+        accepted tokens on average). Ignored in greedy mode.
     generator : torch.Generator or numpy.random.Generator, optional
         Source of the verification uniforms in sampling mode (``None``: torch's default
         generator). The draft's own sampling randomness belongs to ``draft_step``.
@@ -145,25 +150,31 @@ class SpeculativeDecoder:
         greedy: bool = True,
         generator=None,
         eos_token_id: Optional[int] = None,
+        method: str = "token",
     ):
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
         if int(k) != k or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        if method not in self.METHODS:
+            raise ValueError(f"method must be one of {sorted(self.METHODS)}, got {method!r}")
         self.draft_step = draft_step
         self.target_step = target_step
         self.k = int(k)
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.method = method
         self.stats = DecodeStats(k=self.k)
+
+    METHODS = {"token": accept, "block": accept_block}  # sampling verifiers by name
 
     # -- verification (the only place the ops are called; subclasses may override) --------
     def _verify(self, target_probs, draft_probs, tokens: torch.Tensor) -> Tuple[int, int]:
         # target_probs [m+1, V], draft_probs [m, V] or None, tokens [m]
         if self.greedy:
             return verify_greedy(target_probs, tokens)
-        return accept(target_probs, draft_probs, tokens, generator=self.generator)
+        return self.METHODS[self.method](target_probs, draft_probs, tokens, generator=self.generator)
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
