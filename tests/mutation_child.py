@@ -63,6 +63,11 @@ ops = {
     "accept_from_uniforms": lambda: sv.accept_from_uniforms(target, draft, tokens, uniforms),
     "verify_greedy": lambda: sv.verify_greedy(target, tokens),
 }
+if hasattr(sv, "accept_block"):
+    ops.update({
+        "accept_block": lambda: sv.accept_block(target, draft, tokens, generator),
+        "accept_block_from_uniforms": lambda: sv.accept_block_from_uniforms(target, None, tokens, uniforms),
+    })
 if hasattr(sv, "accept_tree"):  # the tree ops, on a chain-shaped tree (rows [N+1, V])
     parents = np.arange(-1, K - 1)
     tree_draft = target.copy()

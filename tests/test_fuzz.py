@@ -32,7 +32,7 @@ from specverify import reference, reference_tree  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
-PROFILES = {"ci": 200, "sanitize": 25, "long": 20000}  # cases per test (2 tests per op)
+PROFILES = {"ci": 200, "sanitize": 20, "long": 20000}  # cases per test (2 tests per op)
 PROFILE = os.environ.get("SPECVERIFY_FUZZ_PROFILE", "ci")
 EXAMPLES = int(os.environ.get("SPECVERIFY_FUZZ_EXAMPLES", PROFILES.get(PROFILE, PROFILES["ci"])))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -219,9 +219,10 @@ class Op:
     specials: bool = True     # rows may hold invalid values (the oracle knows which rows are read)
 
 
-def chain_expected(case, run_reference, scores, check_draft):
+def chain_expected(case, run_reference, scores, check_draft, reads_every_row=False):
     """The chain ops visit rows 0..n (n = n_accepted): a visited invalid row is an error naming it;
-    unvisited rows are never read.  Rows are cleaned (invalid ones replaced by ones) to find n."""
+    unvisited rows are never read.  Rows are cleaned (invalid ones replaced by ones) to find n.
+    ``reads_every_row`` (block verification): every row is validated, whatever the uniforms."""
     valid = valid_scores if scores else valid_probs
 
     def problem(i):
@@ -245,7 +246,7 @@ def chain_expected(case, run_reference, scores, check_draft):
         if draft is not None and i < case.k:
             draft[i] = 1.0
     n, token = run_reference(Case(case.k, case.v, target, draft, case.tokens, case.uniforms))
-    if bad and bad[0][0] <= n:
+    if bad and (reads_every_row or bad[0][0] <= n):
         i, name = bad[0]
         return ("error", ValueError, f"{name}[{i}]")
     return ("ok", (n, token))
@@ -259,6 +260,10 @@ def _accept_reference(c):
     return reference.accept(c.target, c.draft, c.tokens, c.uniforms)
 
 
+def _block_reference(c):
+    return reference.accept_block(c.target, c.draft, c.tokens, c.uniforms)
+
+
 OPS = [
     Op("verify_greedy", scores=True, draft=False, uniforms=False,
        call=lambda a: sv.verify_greedy(a["target_probs"], a["draft_tokens"]),
@@ -269,6 +274,12 @@ OPS = [
     Op("accept_from_uniforms_point_mass", scores=False, draft=False, uniforms=True,
        call=lambda a: sv.accept_from_uniforms(a["target_probs"], None, a["draft_tokens"], a["uniforms"]),
        expected=lambda c: chain_expected(c, _accept_reference, False, False)),
+    Op("accept_block_from_uniforms", scores=False, draft=True, uniforms=True,
+       call=lambda a: sv.accept_block_from_uniforms(a["target_probs"], a["draft_probs"], a["draft_tokens"], a["uniforms"]),
+       expected=lambda c: chain_expected(c, _block_reference, False, True, reads_every_row=True)),
+    Op("accept_block_point_mass", scores=False, draft=False, uniforms=True,
+       call=lambda a: sv.accept_block_from_uniforms(a["target_probs"], None, a["draft_tokens"], a["uniforms"]),
+       expected=lambda c: chain_expected(c, _block_reference, False, False, reads_every_row=True)),
     # accept with a generator: the uniforms are the generator's next K + 1 draws.
     Op("accept_numpy_generator", scores=False, draft=True, uniforms=True,
        call=lambda a: sv.accept(a["target_probs"], a["draft_probs"], a["draft_tokens"],

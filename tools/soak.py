@@ -36,6 +36,8 @@ def variants(k, v):
     uniforms = rng.random(k + 1)
     numpy_gen, torch_gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
     ks = [1 + i % k for i in range(1000)]  # K changes from call to call
+    chain = np.arange(-1, k - 1)  # parents of a chain-shaped tree
+    tree_draft_t = torch.from_numpy(rng.random((k + 1, v)).astype(np.float32))
     bad_tokens = np.full(k, v, dtype=np.int64)
     nan_target = target.copy()
     nan_target[0, v // 2] = np.nan
@@ -47,6 +49,9 @@ def variants(k, v):
         "accept torch generator, K varies": lambda i: sv.accept(
             target_t[:ks[i % 1000] + 1], draft_t[:ks[i % 1000]], tokens_t[:ks[i % 1000]], torch_gen),
         "accept point mass, torch": lambda i: sv.accept(target_t, None, tokens_t, torch_gen),
+        "accept_block numpy generator": lambda i: sv.accept_block(target, draft, tokens, numpy_gen),
+        "verify_tree_greedy (chain tree)": lambda i: sv.verify_tree_greedy(target, tokens, chain),
+        "accept_tree torch generator": lambda i: sv.accept_tree(target_t, tree_draft_t, tokens_t, chain, torch_gen),
         "out-of-range token (raises)": lambda i: _raises(IndexError, sv.verify_greedy, target, bad_tokens),
         "NaN row (raises)": lambda i: _raises(ValueError, sv.accept_from_uniforms, nan_target, draft, tokens, uniforms),
     }
