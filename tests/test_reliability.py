@@ -275,12 +275,22 @@ def test_threads_on_shared_inputs_equal_serial_results():
     target[np.arange(k), tokens] *= 50  # mixed accept/reject outcomes
     uniforms = rng.random((64, k + 1))
 
+    parents = np.array([-1, 0, 0, 1, 2])  # a small tree over the same tokens and rows
+    tree_draft = np.vstack([draft, draft[:1]])
+
+    def tree(result):
+        path, token = result
+        return tuple(path.tolist()), token
+
     def run(i):
         u = uniforms[i % len(uniforms)]
         return (sv.accept_from_uniforms(target, draft, tokens, u),
                 sv.accept_from_uniforms(target, None, tokens, u),
                 sv.verify_greedy(target, tokens),
-                sv.accept(target, draft, tokens, np.random.default_rng(i)))
+                sv.accept(target, draft, tokens, np.random.default_rng(i)),
+                sv.accept_block_from_uniforms(target, draft, tokens, u),
+                tree(sv.verify_tree_greedy(target, tokens, parents)),
+                tree(sv.accept_tree_from_uniforms(target, tree_draft, tokens, parents, u, replacement=True)))
 
     calls = 400
     serial = [run(i) for i in range(calls)]
