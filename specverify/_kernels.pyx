@@ -6,8 +6,9 @@
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
 - one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
-  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``),
-  holding its nogil kernels and its entry points.
+  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``;
+  ``_batch.pxi``: ``verify_batch``;
+  ``_warp.pxi``: ``warp`` and ``accept_logits``), holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
 one extension module rather than one each: Cython links separate modules through imports by
@@ -16,7 +17,7 @@ since it registers this package under a hashed name (see ``specverify.hub``).
 """
 
 cimport cython
-from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release
+from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
@@ -35,6 +36,8 @@ include "_args.pxi"
 include "_chain.pxi"
 include "_tree.pxi"
 include "_block.pxi"
+include "_batch.pxi"
+include "_warp.pxi"
 
 
 def block_size():
