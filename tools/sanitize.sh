@@ -65,6 +65,8 @@ PRELOAD="$LIBASAN $(${CC:-gcc} -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS="detect_leaks=0:log_path=$WORK/logs/asan:print_summary=1"
 export UBSAN_OPTIONS="print_stacktrace=1:log_path=$WORK/logs/ubsan:report_error_type=1"
 export SPECVERIFY_FUZZ_PROFILE=${SPECVERIFY_FUZZ_PROFILE:-sanitize}
+# Child processes the tests start import the instrumented copy too, not an installed specverify.
+export PYTHONPATH="$WORK/src${PYTHONPATH:+:$PYTHONPATH}"
 LD_PRELOAD="$PRELOAD" "$PY" -c "import specverify._kernels as k, sys; sys.exit(0 if k.bounds_checked() else 'not a checked build')"
 
 log "running: $TESTS"
