@@ -69,6 +69,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         if i < k:
             # p_{i+1} = min(1, c / d), c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step)
             t = tokens[i]
+            check_index(t, v)
             c = survival[i] * (<double> p[t] * q_mass[i])
             d = (<double> q[t] if q != NULL else 1.0) * p_mass[i]
             survival[i + 1] = 0.0 if c == 0.0 else (1.0 if c >= d else c / d)
@@ -103,6 +104,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         next_token[0] = _sample_target(p, v, target_blocks + tau * n_blocks, p_mass[tau], uniforms[k])
     else:
         b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+        check_index(b, n_blocks)
         start = b * BLOCK
         if draft != NULL:
             next_token[0] = _scan_residual_block(p, draft + tau * draft_stride, start, min(start + BLOCK, v),
@@ -110,6 +112,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         else:
             next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, tokens[tau])
     free(memory)
+    check_index(next_token[0], v)
     return OK
 
 
@@ -133,6 +136,7 @@ cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, 
     for b in range(n_blocks):
         residual_blocks[b] = target_blocks[i * n_blocks + b]
     b = t // BLOCK
+    check_index(b, n_blocks)
     residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
     for b in range(n_blocks):
         total += residual_blocks[b]

@@ -12,6 +12,7 @@ cdef int _verify_greedy(const float* target, Py_ssize_t target_stride, const int
         if status != OK:
             bad_row[0] = i
             return status
+        check_index(best, v)
         if i == k or tokens[i] != best:
             n_accepted[0] = i
             next_token[0] = best
@@ -62,6 +63,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
             break
         t = tokens[i]
+        check_index(t, v)
         if q != NULL:
             # Accept iff u < (p_t / P) / (q_t / Q), written without division.
             if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
@@ -70,6 +72,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             n_accepted[0] = i
             if residual_mass > 0.0:
                 b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+                check_index(b, n_blocks)
                 start = b * BLOCK
                 next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
                                                      p_mass / q_mass, remainder)
@@ -84,18 +87,22 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
         for b in range(n_blocks):
             residual_blocks[b] = target_blocks[b]
         b = t // BLOCK
+        check_index(b, n_blocks)
         residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
         residual_mass = 0.0
         for b in range(n_blocks):
             residual_mass += residual_blocks[b]
         if residual_mass > 0.0:
             b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+            check_index(b, n_blocks)
             start = b * BLOCK
             next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, t)
         else:
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
         break
     free(target_blocks)
+    if status == OK:
+        check_index(next_token[0], v)  # every scan returns an index inside its block
     return status
 
 

@@ -67,6 +67,32 @@ cdef extern from *:
     void prefetch "SV_PREFETCH"(const void* address) noexcept nogil
 
 
+# Index checks for debug builds (setup.py: SPECVERIFY_BUILD=debug or asan, or
+# SPECVERIFY_BOUNDSCHECK=1, define SV_BOUNDSCHECK): every index the loops compute from data (token
+# ids, picked blocks, scan results, argmax block starts) is checked against its bound, and a
+# miss aborts with a message.  Cython's own boundscheck cannot see these: the kernels index raw
+# pointers.  In release builds the macro is nothing at all.
+cdef extern from *:
+    """
+    #ifdef SV_BOUNDSCHECK
+    #include <stdio.h>
+    #include <stdlib.h>
+    static void sv_index_error(long long i, long long n, const char* what, int line) {
+        fprintf(stderr, "specverify: index %s = %lld outside [0, %lld) at line %d of %s\\n",
+                what, i, n, line, __FILE__);
+        abort();
+    }
+    #define SV_CHECK_INDEX(i, n) ((size_t) (i) >= (size_t) (n) ? sv_index_error((i), (n), #i, __LINE__) : (void) 0)
+    #define SV_BOUNDSCHECKED 1
+    #else
+    #define SV_CHECK_INDEX(i, n) ((void) 0)
+    #define SV_BOUNDSCHECKED 0
+    #endif
+    """
+    void check_index "SV_CHECK_INDEX"(Py_ssize_t i, Py_ssize_t n) noexcept nogil
+    const bint BOUNDSCHECKED "SV_BOUNDSCHECKED"
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-row primitives.  Reused by every op; each reads its row(s) exactly once.
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +374,7 @@ cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double
     cdef double remainder
     cdef Py_ssize_t b = _pick_block(block_sums, (n + BLOCK - 1) // BLOCK, u * mass, &remainder)
     cdef Py_ssize_t start = b * BLOCK
+    check_index(start, n)
     return _scan_target_block(p, start, min(start + BLOCK, n), remainder, -1)
 
 
@@ -411,6 +438,7 @@ cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) no
         return -1
     else:  # every value negative: the maximum has the smallest magnitude
         wanted, best_start = <int32_t> (<uint32_t> best_lo + 0x7F800001u), lo_start
+    check_index(best_start, n)
     for j in range(best_start, min(best_start + ARGMAX_BLOCK, n)):
         if xi[j] == wanted:
             return j
@@ -425,6 +453,7 @@ cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssi
     cdef Py_ssize_t j
     for j in range(start, stop):
         block[j - start] = p[j]
+    check_index(excluded - start, stop - start)
     block[excluded - start] = 0.0
     return _block_sum(block, stop - start)
 
