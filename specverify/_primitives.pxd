@@ -37,7 +37,7 @@
 # Draws (inverse CDF) from weights with a uniform v: the block is the first whose running float64
 # sum of block sums exceeds v * total; f = (v * total - sum before it) / its block sum, in [0, 1).
 # Inside the block, the same float32 weights are summed in float64 (SCAN_LANES = 8 lanes, j % 8,
-# halving tree, zero-padded to BLOCK) into S, and the element drawn is the first with positive
+# halving tree) into S, and the element drawn is the first with positive
 # weight whose running float64 sum (increasing j) exceeds f * S; if rounding lets the running sum
 # fall short, the block's last positive weight.  So the block is chosen with its float32-lane sum
 # and the element inside it with probability w[j] / S, exact up to float64 roundings.  (A scan
@@ -127,11 +127,15 @@ cdef extern from *:
     #define SV_RESCUE_UP 0x1p32
     #define SV_RATIO_LOWEST 0x1p-300
     #define SV_RATIO_HIGHEST 0x1p300
+    #define SV_RATIO_LOW 0x1p-101
+    #define SV_RATIO_HIGH 0x1p100
     """
     const float RESCUE_DOWN "SV_RESCUE_DOWN"      # overflowed block: elements scaled by 2^-32
     const double RESCUE_UP "SV_RESCUE_UP"         # and its sum scaled back by 2^32
     const double RATIO_LOWEST "SV_RATIO_LOWEST"   # mass ratios are clamped to [2^-300, 2^300]
     const double RATIO_HIGHEST "SV_RATIO_HIGHEST"
+    const double RATIO_LOW "SV_RATIO_LOW"         # ratios in [2^-101, 2^100): one factor
+    const double RATIO_HIGH "SV_RATIO_HIGH"
 
 # The lane tree of a block, in C: lane l + half folds into lane l for half = 32, 16, 8, 4, 2, 1.
 # GCC/Clang vector types spell the first four levels as whole-vector adds of the two halves,
@@ -140,25 +144,23 @@ cdef extern from *:
 # loop (~60 scalar adds per block, a quarter of the pass).  Same IEEE adds, same order: same bits.
 cdef extern from *:
     """
-    #if defined(__GNUC__) || defined(__clang__)
+    #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
     typedef float sv_f32x16 __attribute__((vector_size(64)));
     typedef float sv_f32x8 __attribute__((vector_size(32)));
     typedef float sv_f32x4 __attribute__((vector_size(16)));
     static inline float sv_lane_tree(const float* a) {
         sv_f32x16 v0, v1, v2, v3, g;
-        sv_f32x8 g_low, g_high, f;
-        sv_f32x4 f_low, f_high, e;
+        sv_f32x8 f;
+        sv_f32x4 e;
         memcpy(&v0, a, 64);
         memcpy(&v1, a + 16, 64);
         memcpy(&v2, a + 32, 64);
         memcpy(&v3, a + 48, 64);
         g = (v0 + v2) + (v1 + v3);                 /* half = 32 (lanes 0-15, 16-31), then 16 */
-        memcpy(&g_low, &g, 32);
-        memcpy(&g_high, (const char*) &g + 32, 32);
-        f = g_low + g_high;                        /* half = 8 */
-        memcpy(&f_low, &f, 16);
-        memcpy(&f_high, (const char*) &f + 16, 16);
-        e = f_low + f_high;                        /* half = 4 */
+        f = __builtin_shufflevector(g, g, 0, 1, 2, 3, 4, 5, 6, 7)
+            + __builtin_shufflevector(g, g, 8, 9, 10, 11, 12, 13, 14, 15);   /* half = 8 */
+        e = __builtin_shufflevector(f, f, 0, 1, 2, 3)
+            + __builtin_shufflevector(f, f, 4, 5, 6, 7);                      /* half = 4 */
         return (e[0] + e[2]) + (e[1] + e[3]);      /* half = 2, then 1 */
     }
     #else
@@ -193,19 +195,25 @@ cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
     return True
 
 
+cdef inline Py_ssize_t _steps(Py_ssize_t n) noexcept nogil:
+    """Lane steps covering n <= BLOCK elements (a short block is zero-padded to them)."""
+    return (n + LANES - 1) // LANES
+
+
 cdef inline void _copy_block(const float* x, Py_ssize_t n, float* w) noexcept nogil:
-    """w[0:BLOCK] = x[0:n], zero-padded."""
+    """w[0:n] = x[0:n], zero-padded to _steps(n) * LANES elements."""
     cdef Py_ssize_t j
     for j in range(n):
         w[j] = x[j]
-    for j in range(n, BLOCK):
+    for j in range(n, _steps(n) * LANES):
         w[j] = 0.0
 
 
-cdef inline float _lane_sum(const float* x, float* low) noexcept nogil:
-    """float32 sum of one full block x[0:BLOCK] in the documented lane order (Inf if it
-    overflows); low[l] = min(low[l], x[j]) over the j with j % 64 in {l, l+16, l+32, l+48}
-    (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``).
+cdef inline float _lane_sum(const float* x, Py_ssize_t steps, float* low) noexcept nogil:
+    """float32 sum of x[0:steps * LANES] (steps <= STEPS: a block, zero-padded if short) in the
+    documented lane order (Inf if it overflows); low[l] = min(low[l], x[j]) over the j with j % 64 in {l, l+16, l+32, l+48}
+    (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``; a local array of the caller,
+    kept in registers across the blocks of a row once this is inlined).
 
     A lane is a chain of dependent float32 adds; 64 lanes are four independent AVX-512 vectors
     (eight AVX2, sixteen NEON), read from one contiguous 256-byte step, so the adders stay busy
@@ -214,35 +222,30 @@ cdef inline float _lane_sum(const float* x, float* low) noexcept nogil:
     sum catches it).
     """
     cdef float acc[LANES]
-    cdef float lo[MIN_LANES]
     cdef Py_ssize_t j, l, s
     for l in range(LANES):
         acc[l] = 0.0
-    for l in range(MIN_LANES):
-        lo[l] = low[l]
     # hot loop: block sum
-    for s in range(STEPS):
+    for s in range(steps):
         j = s * LANES
         for l in range(LANES):
             acc[l] += x[j + l]
         for l in range(MIN_LANES):
-            lo[l] = min(lo[l], min(min(x[j + l], x[j + l + 16]), min(x[j + l + 32], x[j + l + 48])))
-    for l in range(MIN_LANES):
-        low[l] = lo[l]
+            low[l] = min(low[l], min(min(x[j + l], x[j + l + 16]), min(x[j + l + 32], x[j + l + 48])))
     return lane_tree(acc)
 
 
-cdef inline double _rescued_sum(const float* x) noexcept nogil:
-    """Sum of a full block whose float32 lane sum overflowed: the same order on x * 2^-32, then
-    * 2^32 in float64."""
+cdef inline double _rescued_sum(const float* x, Py_ssize_t steps) noexcept nogil:
+    """Sum of a block x[0:steps * LANES] whose float32 lane sum overflowed: the same order on
+    x * 2^-32, then * 2^32 in float64."""
     cdef float scaled[BLOCK]
     cdef float low[MIN_LANES]
     cdef Py_ssize_t j
     for j in range(MIN_LANES):
         low[j] = 0.0
-    for j in range(BLOCK):
+    for j in range(steps * LANES):
         scaled[j] = x[j] * RESCUE_DOWN
-    return <double> _lane_sum(scaled, low) * RESCUE_UP
+    return <double> _lane_sum(scaled, steps, low) * RESCUE_UP
 
 
 cdef inline double _block_sum_low(const float* x, Py_ssize_t n, float* low) noexcept nogil:
@@ -255,10 +258,10 @@ cdef inline double _block_sum_low(const float* x, Py_ssize_t n, float* low) noex
     if n < BLOCK:
         _copy_block(x, n, padded)
         x = padded
-    s = _lane_sum(x, low)
+    s = _lane_sum(x, _steps(n), low)
     if s <= FLT_MAX:
         return <double> s
-    return _rescued_sum(x)
+    return _rescued_sum(x, _steps(n))
 
 
 cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
@@ -288,8 +291,8 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     for l in range(MIN_LANES):
         low[l] = 0.0
     for b in range(n // BLOCK):  # full blocks: _lane_sum inlined, no call per block
-        s = _lane_sum(x + b * BLOCK, low)
-        block_sums[b] = <double> s if s <= FLT_MAX else _rescued_sum(x + b * BLOCK)
+        s = _lane_sum(x + b * BLOCK, STEPS, low)
+        block_sums[b] = <double> s if s <= FLT_MAX else _rescued_sum(x + b * BLOCK, STEPS)
         total += block_sums[b]
     if n % BLOCK:
         b = n // BLOCK
@@ -311,6 +314,11 @@ cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogi
     """
     cdef int e, excess, half
     cdef double r = min(max(mass_ratio, RATIO_LOWEST), RATIO_HIGHEST)
+    if RATIO_LOW <= r < RATIO_HIGH:  # |e| <= 100: the common case, without libm calls
+        factors[0] = 1.0
+        factors[1] = 1.0
+        factors[2] = <float> r
+        return
     frexp(r, &e)
     excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)
     half = excess >> 1
@@ -336,11 +344,11 @@ cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcep
 
 cdef inline void _residual_weights(const float* p, const float* q, Py_ssize_t n, const float* f,
                                    float* w) noexcept nogil:
-    """w[0:BLOCK] = the residual weights of p, q[0:n] (n <= BLOCK), zero-padded."""
+    """w[0:n] = the residual weights of p, q[0:n] (n <= BLOCK), zero-padded to _steps(n) * LANES."""
     cdef Py_ssize_t j
     for j in range(n):
         w[j] = _weight(p[j], q[j], f[0], f[1], f[2])
-    for j in range(n, BLOCK):
+    for j in range(n, _steps(n) * LANES):
         w[j] = 0.0
 
 
@@ -365,7 +373,7 @@ cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_
         if s <= FLT_MAX:
             return <double> s
     _residual_weights(p, q, n, f, w)
-    return _block_sum(w, BLOCK)
+    return _block_sum(w, n)
 
 
 cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
@@ -407,24 +415,25 @@ cdef inline Py_ssize_t _pick_block(const double* block_sums, Py_ssize_t n_blocks
     return 0
 
 
-cdef inline Py_ssize_t _scan_weights(const float* w, double fraction) noexcept nogil:
-    """Inverse-CDF scan of one block's weights w[0:BLOCK] (zero-padded), given the ``fraction``
-    of the block's sum left (see ``_pick_block``): the first j with positive weight whose running
-    float64 sum exceeds fraction * (the block's float64 total); if rounding lets the running sum
-    fall short, the last j with positive weight (the block is known to have some)."""
+cdef inline Py_ssize_t _scan_weights(const float* w, Py_ssize_t n, double fraction) noexcept nogil:
+    """Inverse-CDF scan of one block's weights w[0:n] (zero-padded to a multiple of LANES), given
+    the ``fraction`` of the block's sum left (see ``_pick_block``): the first j with positive
+    weight whose running float64 sum exceeds fraction * (the block's float64 total, SCAN_LANES
+    lanes, halving tree); if rounding lets the running sum fall short, the last j with positive
+    weight (the block is known to have some)."""
     cdef double acc[SCAN_LANES]
     cdef double h[4]
     cdef double cumulative = 0.0, target
     cdef Py_ssize_t j, l, s, last = 0
     for l in range(SCAN_LANES):
         acc[l] = 0.0
-    for s in range(BLOCK // SCAN_LANES):
+    for s in range((n + SCAN_LANES - 1) // SCAN_LANES):
         for l in range(SCAN_LANES):
             acc[l] += <double> w[s * SCAN_LANES + l]
     for l in range(4):
         h[l] = acc[l] + acc[l + 4]
     target = fraction * ((h[0] + h[2]) + (h[1] + h[3]))
-    for j in range(BLOCK):
+    for j in range(n):
         if w[j] > 0.0:
             cumulative += w[j]
             last = j
@@ -441,7 +450,7 @@ cdef inline Py_ssize_t _scan_target_block(const float* p, Py_ssize_t start, Py_s
     _copy_block(p + start, stop - start, w)
     if start <= excluded < stop:
         w[excluded - start] = 0.0
-    return start + _scan_weights(w, fraction)
+    return start + _scan_weights(w, stop - start, fraction)
 
 
 cdef inline Py_ssize_t _scan_residual_block(const float* p, const float* q, Py_ssize_t start,
@@ -452,7 +461,7 @@ cdef inline Py_ssize_t _scan_residual_block(const float* p, const float* q, Py_s
     cdef float w[BLOCK]
     _ratio_factors(mass_ratio, f)
     _residual_weights(p + start, q + start, stop - start, f, w)
-    return start + _scan_weights(w, fraction)
+    return start + _scan_weights(w, stop - start, fraction)
 
 
 cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double* block_sums,
@@ -532,9 +541,9 @@ cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) no
 
 cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssize_t stop,
                                         Py_ssize_t excluded) noexcept nogil:
-    """``_block_sum`` of p[start:stop] with p[excluded] counted as 0 (a zero-padded copy: adding
-    +0.0 to a lane changes nothing, so these are the bits of skipping it)."""
+    """``_block_sum`` of p[start:stop] with p[excluded] counted as 0 (on a copy: adding +0.0 to a
+    lane changes nothing, so these are the bits of skipping it)."""
     cdef float w[BLOCK]
     _copy_block(p + start, stop - start, w)
     w[excluded - start] = 0.0
-    return _block_sum(w, BLOCK)
+    return _block_sum(w, stop - start)
