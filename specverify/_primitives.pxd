@@ -211,9 +211,9 @@ cdef inline void _copy_block(const float* x, Py_ssize_t n, float* w) noexcept no
 
 cdef inline float _lane_sum(const float* x, Py_ssize_t steps, float* low) noexcept nogil:
     """float32 sum of x[0:steps * LANES] (steps <= STEPS: a block, zero-padded if short) in the
-    documented lane order (Inf if it overflows); low[l] = min(low[l], x[j]) over the j with j % 64 in {l, l+16, l+32, l+48}
-    (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``; a local array of the caller,
-    kept in registers across the blocks of a row once this is inlined).
+    documented lane order (Inf if it overflows); low[l] = min(low[l], x[j]) over the j with
+    j % 64 in {l, l+16, l+32, l+48} (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``;
+    a local array of the caller, kept in registers across the blocks of a row once inlined).
 
     A lane is a chain of dependent float32 adds; 64 lanes are four independent AVX-512 vectors
     (eight AVX2, sixteen NEON), read from one contiguous 256-byte step, so the adders stay busy
