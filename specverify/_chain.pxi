@@ -30,7 +30,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
     cdef double* residual_blocks = target_blocks + n_blocks
     cdef const float* p
     cdef const float* q
-    cdef double p_mass, q_mass, residual_mass, remainder
+    cdef double p_mass, q_mass, residual_mass, fraction
     cdef uint32_t p_bits = 0, q_bits = 0
     cdef Py_ssize_t i, t, b, start, stop
     cdef int status = OK
@@ -71,11 +71,11 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
             n_accepted[0] = i
             if residual_mass > 0.0:
-                b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+                b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
                 check_index(b, n_blocks)
                 start = b * BLOCK
                 next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
-                                                     p_mass / q_mass, remainder)
+                                                     p_mass / q_mass, fraction)
             else:
                 # p <= q everywhere after rounding: p itself is the only sensible residual.
                 next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
@@ -93,10 +93,10 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
         for b in range(n_blocks):
             residual_mass += residual_blocks[b]
         if residual_mass > 0.0:
-            b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+            b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
             check_index(b, n_blocks)
             start = b * BLOCK
-            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, t)
+            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), fraction, t)
         else:
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
         break

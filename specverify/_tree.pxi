@@ -91,7 +91,7 @@ cdef int64_t _sample_and_match(const float* p, Py_ssize_t v, const double* targe
     remaining mass summed from the row with the earlier children removed; on total rejection
     draw from p without the children (from p itself if that has no mass after rounding)."""
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_removed = 0, b
-    cdef double mass = p_mass, remainder
+    cdef double mass = p_mass, fraction
     cdef float block[BLOCK]
     cdef int64_t t
     memcpy(blocks, target_blocks, n_blocks * sizeof(double))
@@ -105,10 +105,10 @@ cdef int64_t _sample_and_match(const float* p, Py_ssize_t v, const double* targe
         mass = _remove_token(p, v, t, removed, n_removed, blocks)
         child = next_sibling[child]
     if mass > 0.0:
-        b = _pick_block(blocks, n_blocks, final_u * mass, &remainder)
+        b = _pick_block(blocks, n_blocks, final_u * mass, &fraction)
         check_index(b, n_blocks)
         _masked_block(p, b, v, removed, n_removed, block)
-        next_token[0] = b * BLOCK + _scan_target_block(block, 0, min(BLOCK, v - b * BLOCK), remainder, -1)
+        next_token[0] = b * BLOCK + _scan_target_block(block, 0, min(BLOCK, v - b * BLOCK), fraction, -1)
     else:
         next_token[0] = _sample_target(p, v, target_blocks, p_mass, final_u)
     return -1
@@ -129,7 +129,7 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
     before this one (without replacement; see ``specverify.reference_tree``); one pass each.
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_rejected = 0, n_zeroed, b, start, width
-    cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, remainder
+    cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, fraction
     cdef float block[BLOCK]
     cdef int64_t t
     cdef bint have_residual = False
@@ -157,11 +157,11 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
         child = next_sibling[child]
     if residual_mass > 0.0:
         n_zeroed = 0 if replacement else n_rejected - 1
-        b = _pick_block(residual_blocks, n_blocks, final_u * residual_mass, &remainder)
+        b = _pick_block(residual_blocks, n_blocks, final_u * residual_mass, &fraction)
         check_index(b, n_blocks)
         start = b * BLOCK
         width = _masked_block(p, b, v, rejected, n_zeroed, block)
-        next_token[0] = start + _scan_residual_block(block, q + start, 0, width, ratio, remainder)
+        next_token[0] = start + _scan_residual_block(block, q + start, 0, width, ratio, fraction)
     else:
         # p <= q everywhere after rounding: p itself, as chain accept does.
         next_token[0] = _sample_target(p, v, target_blocks, p_mass, final_u)
