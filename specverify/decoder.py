@@ -17,6 +17,7 @@ actually drawn from, warped (temperature, top-k, ...) exactly as the target's ro
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple
@@ -24,6 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
 from .ops import accept, verify_greedy
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
@@ -40,10 +42,11 @@ class DecodeStats:
     seconds spent inside the draft callback, the target callback and the verification op.
     """
 
-    k: int
+    k: int  # the largest draft length the policy may ask for
     drafted: list = field(default_factory=list)  # tokens proposed by the draft, per round
     accepted: list = field(default_factory=list)  # accepted draft tokens n, per round
     emitted: list = field(default_factory=list)  # tokens appended to the output, per round
+    asked: list = field(default_factory=list)  # draft length asked by the policy, per round
     draft_time: float = 0.0
     target_time: float = 0.0
     verify_time: float = 0.0
@@ -121,8 +124,17 @@ class SpeculativeDecoder:
         ``proposed`` is a 1-D int64 tensor of ``m`` draft tokens (``0 <= m <= k``); returns
         ``[m + 1, V]`` rows, row ``i`` scoring the position after ``prefix + proposed[:i]``.
         Only the argmax of each row is read in greedy mode. Rows need not be normalized.
-    k : int
-        Draft tokens proposed per round (fewer in the last rounds, see :meth:`generate`).
+    k : int, ``"auto"`` or a draft-length policy
+        An int: draft tokens asked for per round (fewer in the last rounds, see
+        :meth:`generate`). ``"auto"``: :class:`specverify.adaptive.AdaptiveK` (each round's K
+        maximizes the modelled speed-up, learned from past rounds and this decoder's timings).
+        Or any policy of :mod:`specverify.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
+        ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. A
+        ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
+        ``stop(i, confidence) -> bool`` and should stop after token ``i`` when it says so;
+        otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
+        ``probs`` is a point mass, confidence 1). Policies that only see the draft side and
+        past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: :func:`specverify.accept`
         (speculative sampling).
@@ -147,11 +159,19 @@ class SpeculativeDecoder:
     ):
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
-        if int(k) != k or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if isinstance(k, str):
+            if k != "auto":
+                raise ValueError(f"k must be a positive integer, 'auto' or a policy, got {k!r}")
+            k = AdaptiveK()
+        elif not hasattr(k, "draft_length"):
+            if isinstance(k, bool) or int(k) != k or k < 1:
+                raise ValueError(f"k must be a positive integer, got {k!r}")
+            k = FixedK(int(k))
+        self.policy = k
         self.draft_step = draft_step
         self.target_step = target_step
-        self.k = int(k)
+        self.k = int(k.k_max)
+        self._draft_takes_stop = _takes_keyword(draft_step, "stop")
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
@@ -164,6 +184,18 @@ class SpeculativeDecoder:
             return verify_greedy(target_probs, tokens)
         return accept(target_probs, draft_probs, tokens, generator=self.generator)
 
+    def _draft(self, prefix: torch.Tensor, m: int):
+        """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule."""
+        stop = self.policy.stop
+        if stop is None:
+            return self.draft_step(prefix, m)
+        # a draft that takes the rule stops early (saving its own passes); the cut below is then a no-op
+        tokens, probs = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
+        if probs is not None:
+            j = confidence_cut(stop, probs, tokens)
+            tokens, probs = tokens[:j], probs[:j]
+        return tokens, probs
+
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
         return tokens[:n_accepted].tolist() + [next_token]
@@ -172,10 +204,11 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
         """Return the prompt followed by ``max_new`` new tokens (fewer only at ``eos``).
 
-        A round proposes ``min(k, remaining - 1)`` draft tokens, so that its ``n + 1``
-        emitted tokens never exceed what is still wanted: the draft is never asked for a
-        token that could not be used and no verified token is discarded. With one token
-        left the round is a plain target step (no draft call, ``m = 0``).
+        A round asks the draft for ``K`` tokens, the policy's choice capped at ``remaining - 1``
+        (a fixed ``k``: ``min(k, remaining - 1)``), so that its ``n + 1`` emitted tokens never
+        exceed what is still wanted: the draft is never asked for a token that could not be used
+        and no verified token is discarded. ``K = 0`` (one token left, or the policy's choice) is a
+        plain target step with no draft call.
         """
         prompt = torch.as_tensor(prompt_ids).reshape(-1).to(torch.int64)
         if int(max_new) != max_new or max_new < 0:
@@ -190,13 +223,17 @@ class SpeculativeDecoder:
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
-            m = min(self.k, remaining - 1)
+            asked = m = int(self.policy.draft_length(remaining - 1)) if remaining > 1 else 0
+            if not 0 <= m < remaining:
+                raise ValueError(f"policy {self.policy!r} asked for {m} draft tokens, allowed 0..{remaining - 1}")
             prefix = buf[:n]
             draft_probs = None
+            draft_s = 0.0
             if m > 0:
                 t0 = clock()
-                tokens, draft_probs = self.draft_step(prefix, m)  # [m], [m, V] or None
-                stats.draft_time += clock() - t0
+                tokens, draft_probs = self._draft(prefix, m)  # [m], [m, V] or None
+                draft_s = clock() - t0
+                stats.draft_time += draft_s
                 tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
                 if tokens.numel() > m:
                     raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
@@ -208,7 +245,8 @@ class SpeculativeDecoder:
 
             t0 = clock()
             target_probs = self.target_step(prefix, tokens)  # [m+1, V]
-            stats.target_time += clock() - t0
+            target_s = clock() - t0
+            stats.target_time += target_s
             if tuple(target_probs.shape[:1]) != (m + 1,):
                 raise ValueError(
                     f"target_step returned {tuple(target_probs.shape)} rows, expected [{m + 1}, V]"
@@ -228,6 +266,16 @@ class SpeculativeDecoder:
             stats.drafted.append(m)
             stats.accepted.append(int(n_acc))
             stats.emitted.append(len(new))
+            stats.asked.append(asked)
+            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s))
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()
+
+
+def _takes_keyword(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    return name in params  # by name only: a **kwargs draft may ignore it
