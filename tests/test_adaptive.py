@@ -219,3 +219,29 @@ def test_law_test_rejects_broken_stop_rules(broken):
     """Power: the same test, sizes and seed reject a stop that sees the target, or drops its token."""
     res, _ = continuation_test(broken, vocab=4, length=3, k=None, runs=3000, seed=7)
     assert res.pvalue < ALPHA, res
+
+
+# ------------------------------------------------------------------------------------------
+# the synthetic experiment (small parameters)
+# ------------------------------------------------------------------------------------------
+def test_speedup_experiment_runs_caches_and_plots(tmp_path):
+    from experiments import speedup
+
+    params = speedup.make_params(k_max=4, rounds=48, pool=4, vocab=64, adaptive_rounds=60,
+                                 scenarios=["a = 0.7", "a_i 0.95 -> 0.6"])
+    path = speedup.run(params, root=tmp_path, log=lambda s: None)
+    res = paths_read(path)
+    assert [s["name"] for s in res["scenarios"]] == ["a = 0.7", "a_i 0.95 -> 0.6"]
+    for s in res["scenarios"]:
+        assert len(s["measured"]) == len(s["predicted"]) == 4 and sum(s["adaptive_k_counts"]) == 60
+        assert np.all(np.abs(speedup.zscores({"scenarios": [s]})) < 5)
+    mtime = path.stat().st_mtime
+    assert speedup.run(params, root=tmp_path) == path and path.stat().st_mtime == mtime  # cached
+    assert speedup.plot(path, tmp_path / "speedup.png").stat().st_size > 0
+    assert "| a = 0.7 |" in speedup.table(path)
+
+
+def paths_read(path):
+    from experiments import paths
+
+    return paths.read_json(path)
