@@ -233,16 +233,13 @@ def read(path):
 
 
 def plot(out_dir=None, out_path=None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import plt, save_figure
 
     out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     summary = paths.read_json(out_dir / "summary.json")
     analysis = analyse(read(out_dir / "runs.csv"))
     prompts = list(analysis["prompts"])
-    fig, axes = plt.subplots(1, len(prompts), figsize=(3.4 * len(prompts) + 0.6, 3.9), sharey=False)
+    fig, axes = plt.subplots(1, len(prompts), figsize=(3.4 * len(prompts) + 0.6, 3.9), dpi=110)
     axes = np.atleast_1d(axes)
     for ax, prompt in zip(axes, prompts):
         cfg = analysis["prompts"][prompt]["configs"]
@@ -265,9 +262,7 @@ def plot(out_dir=None, out_path=None) -> Path:
                  "shared cores", fontsize=9)
     fig.tight_layout()
     out_path = Path(out_path or paths.MEDIA_DIR / FIGURE)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_path)
     return out_path
 
 

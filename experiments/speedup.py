@@ -148,14 +148,11 @@ def run(params: dict, root=None, log=print) -> Path:
 
 def plot(results_file, out_path=None) -> Path:
     """``media/speedup.png``: model vs measured speed-up over K per scenario, and their ratio."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import plt, save_figure
 
     res = paths.read_json(results_file)
     p = res["params"]
-    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12.5, 4.6), gridspec_kw=dict(width_ratios=[1.5, 1]))
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12.5, 4.6), dpi=110, gridspec_kw=dict(width_ratios=[1.5, 1]))
     for j, s in enumerate(res["scenarios"]):
         color = f"C{j}"
         k = np.array(s["k"])
@@ -178,9 +175,7 @@ def plot(results_file, out_path=None) -> Path:
     ax_r.set_title(f"{p['rounds']} rounds per point, V = {p['vocab']}", fontsize=10)
     fig.tight_layout()
     out_path = Path(out_path or paths.MEDIA_DIR / FIGURE)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_path)
     return out_path
 
 
