@@ -20,8 +20,8 @@ average is recorded. The model's prediction for ``(prompt, K)``:
 with ``tokens per round = 1 + sum_{i<=K} P(N >= i)`` and ``P(M >= i)`` (prompt lookup may
 propose fewer than K) estimated from that prompt's K = 8 rounds (a prediction for K < 8; at
 K = 8 it is in-sample), ``T(n)`` the median seconds of a target pass scoring n tokens and
-``D(K)`` the median seconds of a draft call asked for K, both over every fixed-K round of the
-same repetition, and the loop overhead (verification op + Python) per round of the same runs.
+``D(K)`` the median seconds of a draft call asked for K, both over every plain and fixed-K
+round of the same repetition, and the loop overhead (verification op + Python) per round of the same runs.
 Writes ``results/choose_k/runs.csv`` (one line per run) and ``summary.json``;
 :func:`plot` draws ``media/choose_k.png`` from them (``--plot-only``).
 """
@@ -144,7 +144,7 @@ def _records(row):
 
 
 def costs(rows):
-    """``(T [9], D [8], overhead)`` in seconds from fixed-K rows: medians of target passes by tokens
+    """``(T [9], D [8], overhead)`` in seconds from plain and fixed-K rows: medians of target passes by tokens
     scored (1..9), of draft calls by K asked (1..8), and the mean loop overhead per round."""
     recs = np.concatenate([_records(r) for r in rows])
     scored = recs[:, 1] + 1
@@ -173,7 +173,7 @@ def analyse(rows):
 
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     repeats = sorted({int(r["repeat"]) for r in rows})
-    fixed = [r for r in rows if r["config"].startswith("K=")]
+    fixed = [r for r in rows if r["config"] != "auto"]  # plain rounds measure T(1) too
     per_rep_costs = {rep: costs([r for r in fixed if int(r["repeat"]) == rep]) for rep in repeats}
     out = {"prompts": {}, "costs": {str(rep): dict(T=c[0].tolist(), D=c[1].tolist(), overhead=c[2])
                                     for rep, c in per_rep_costs.items()}}

@@ -263,9 +263,8 @@ class AdaptiveK:
     def draft_length(self, limit: int) -> int:
         hi = min(self.k_max, limit)
         costs = self.costs()
-        if costs is None:  # no timings yet: the prior's answer with free extra positions is too eager
-            k = min(max(self.k_min, 1), hi)
-            return k
+        if costs is None:  # no timings yet: a short first round measures the costs
+            return min(max(self.k_min, 1), hi)
         d, t = costs
         g, a = self.proposal_rates(), self.rates()
         proposed = np.cumprod(g)

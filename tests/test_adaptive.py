@@ -279,3 +279,31 @@ def test_causal_lm_draft_stops_on_its_own_confidence():
     dec = sv.SpeculativeDecoder(draft_step, target_step, k=FixedK(4, confidence_threshold=0.5), greedy=True)
     assert dec._draft_takes_stop
     assert dec.generate(prompt, 20).tolist() == ref.tolist()
+
+
+def test_choose_k_analysis_predicts_a_consistent_fabricated_run():
+    """The real-model analysis on fabricated rows: rounds that propose and accept all K, costs
+    T(n) = 50 + 10 (n - 1) ms, D(K) = 1 ms per token, 0.5 ms overhead: the model must be exact."""
+    import json
+
+    from experiments import choose_k
+
+    rows = []
+    t_of = lambda n: 0.05 + 0.01 * (n - 1)  # noqa: E731
+    for rep in range(2):
+        for config in choose_k.CONFIGS:
+            k = int(config[2:]) if config.startswith("K=") else (0 if config == "plain" else 3)
+            rounds = 10
+            recs = [[k, k, k, 0.001 * k, t_of(k + 1)] for _ in range(rounds)]
+            seconds = rounds * (0.001 * k + t_of(k + 1) + 0.0005)
+            rows.append(dict(repeat=rep, prompt="p", config=config, new_tokens=rounds * (k + 1), seconds=seconds,
+                             tokens_per_s=rounds * (k + 1) / seconds, rounds=rounds, draft_s=rounds * 0.001 * k,
+                             target_s=rounds * t_of(k + 1), records=json.dumps(recs)))
+    res = choose_k.analyse(rows)["prompts"]["p"]
+    np.testing.assert_allclose(res["survival"], 1.0)
+    for k in choose_k.KS:
+        cfg = res["configs"][f"K={k}"]
+        assert cfg["predicted"] == pytest.approx(cfg["tokens_per_s"], rel=1e-9)
+        assert cfg["model_speedup"] == pytest.approx((k + 1) / (0.001 * k + t_of(k + 1)) * t_of(1), rel=1e-9)
+    assert res["configs"]["auto"]["k_counts"][3] == 20
+    assert "| p |" in choose_k.table(choose_k.analyse(rows))
