@@ -53,6 +53,9 @@ class PlainDecoding:
     k_max = 1
     stop = None
 
+    def begin(self):
+        pass
+
     def draft_length(self, limit):
         return 0
 
@@ -66,6 +69,9 @@ class Recorder:
     def __init__(self, policy):
         self.policy, self.records = policy, []
         self.k_max, self.stop = policy.k_max, policy.stop
+
+    def begin(self):
+        self.policy.begin()
 
     def draft_length(self, limit):
         return self.policy.draft_length(limit)

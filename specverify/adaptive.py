@@ -6,6 +6,7 @@ A policy decides, before each round, how many tokens ``K`` to ask the draft for
 (:attr:`stop`, a rule of the draft's confidence in each token it drew), and learns from each
 finished round (:meth:`observe`). The decoder calls nothing else:
 
+    policy.begin()                                      # optional: a new sequence starts
     K = policy.draft_length(limit)                      # 0 <= K <= limit, before drafting
     stop(i, confidence) -> bool                         # after draft token i: draft another?
     policy.observe(RoundRecord(...))                    # after verification
@@ -136,6 +137,9 @@ class FixedK:
         self.k_max = int(k)
         self.stop = _stop_rule(confidence_threshold)
 
+    def begin(self) -> None:
+        pass
+
     def draft_length(self, limit: int) -> int:
         return min(self.k_max, limit)
 
@@ -200,22 +204,26 @@ class AdaptiveK:
     ``survival_i = prod_{j<=i} g_j a_j``, ``proposed_i = prod_{j<=i} g_j`` over ``k_min..k_max``.
     Every ``explore_every``-th round asks for one more than the optimum instead, so that
     positions and lengths beyond it keep being observed. Deterministic given the rounds it saw.
-    The state persists across ``generate`` calls (a new decoder, or :meth:`reset`, starts over).
+    The costs persist across ``generate`` calls (they belong to the machine and the models); at
+    the start of each new sequence (:meth:`begin`) the acceptance and proposal counts are scaled
+    by ``carry``, so that the last sequence's rates are a weak prior for the next one (a new
+    decoder, or :meth:`reset`, starts over).
     """
 
     def __init__(self, k_max: int = 8, k_min: int = 1, *, prior_rate: float = 0.6, prior_strength: float = 4.0,
-                 decay: float = 0.98, draft_cost=None, target_cost=None, explore_every: int = 10,
-                 confidence_threshold: Optional[float] = None):
+                 decay: float = 0.98, carry: float = 0.25, draft_cost=None, target_cost=None,
+                 explore_every: int = 10, confidence_threshold: Optional[float] = None):
         if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
             raise ValueError(f"need integers 0 <= k_min <= k_max, k_max >= 1; got k_min={k_min!r}, k_max={k_max!r}")
         if not 0.0 < prior_rate < 1.0 or not prior_strength > 0.0:
             raise ValueError(f"need 0 < prior_rate < 1 and prior_strength > 0, got {prior_rate!r}, {prior_strength!r}")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        if not 0.0 < decay <= 1.0 or not 0.0 <= carry <= 1.0:
+            raise ValueError(f"need decay in (0, 1] and carry in [0, 1], got {decay!r}, {carry!r}")
         if (draft_cost is None) != (target_cost is None):
             raise ValueError("give both draft_cost and target_cost (a cost model) or neither (measured)")
         self.k_max, self.k_min = int(k_max), int(k_min)
         self.prior_rate, self.prior_strength, self.decay = float(prior_rate), float(prior_strength), float(decay)
+        self.carry = float(carry)
         self.draft_cost, self.target_cost = draft_cost, target_cost
         self.explore_every = int(explore_every)
         self.stop = _stop_rule(confidence_threshold)
@@ -260,6 +268,13 @@ class AdaptiveK:
         return d / t[0], t / t[0]
 
     # -- the policy -----------------------------------------------------------------------------
+    def begin(self) -> None:
+        for arr in self._counts():
+            arr *= self.carry
+
+    def _counts(self):
+        return self.tried, self.passed, self.asked_at, self.proposed_at
+
     def draft_length(self, limit: int) -> int:
         hi = min(self.k_max, limit)
         costs = self.costs()
@@ -280,7 +295,7 @@ class AdaptiveK:
     def observe(self, r: RoundRecord) -> None:
         self.rounds += 1
         dec = self.decay
-        for arr in (self.tried, self.passed, self.asked_at, self.proposed_at):
+        for arr in self._counts():
             arr *= dec
         m, n, asked = r.proposed, r.accepted, min(r.asked, self.k_max)
         self.tried[: min(n + 1, m)] += 1.0  # verification reached these (the first rejection included)

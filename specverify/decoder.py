@@ -220,6 +220,8 @@ class SpeculativeDecoder:
         n = n0
         stats = self.stats = DecodeStats(k=self.k)
         clock = time.perf_counter
+        if hasattr(self.policy, "begin"):
+            self.policy.begin()  # a new sequence: an adaptive policy may discount what it learned before
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
