@@ -23,41 +23,43 @@ draft probability is below the threshold (that token is kept and verified).
 Why any such rule keeps verification exact
 ------------------------------------------
 Claim. Let a round start from the sequence ``x`` with history ``H`` (everything that happened in
-earlier rounds: their tokens, coins and timings). Suppose the decision to draft a token at
-position ``i`` of the round (K, and every stop) is a function of ``(x, H)``, of the tokens
-``t_{<i}`` drafted so far in this round and of draft-side randomness, but not of the round's
-verification uniforms ``U``; and that every drafted token ``t_i`` is drawn from the row
-``q_i`` handed to the verifier and then kept (proposed) whatever its value. Then every token the
-decoder emits, given all tokens emitted before it and given ``H``, has the target's conditional
-law; by the chain rule the decoder's output has the target's joint law, whatever the policy.
+earlier rounds: their tokens, coins and timings). Suppose that whether position ``i`` of the
+round is proposed (K, and every stop) is decided from ``(x, H)``, the tokens ``t_{<i}`` proposed
+before it and draft-side randomness, but neither from ``t_i`` itself nor from the round's
+verification uniforms ``U``; and that, given everything that decision saw, a proposed ``t_i`` is
+distributed as the row ``q_i`` handed to the verifier. Then every token the decoder emits, given all tokens emitted before it and given
+``H``, has the target's conditional law; by the chain rule the decoder's output has the target's
+joint law, whatever the policy. (A draft that drew tokens past the stop and had them cut by the
+decoder satisfies this: the cut after ``t_j`` depends on ``t_{<=j}`` only, as if the later
+tokens had never been drawn.)
 
 Proof (induction on the positions of the round). Write ``p_i = p(. | x, t_{<i})``. At position
-``i`` the round has accepted ``t_{<i}`` (so far it emitted exactly them). Either the policy
-stopped before ``i``: the verifier emits the bonus token drawn from ``p_i`` with a fresh
-uniform; or it drafted ``t_i ~ q_i``: the verifier accepts with probability
+``i`` the round has accepted ``t_{<i}`` (so far it emitted exactly them). Either position ``i``
+is not proposed: the verifier emits the bonus token drawn from ``p_i`` with a fresh uniform; or
+it is, and ``t_i ~ q_i`` whatever the decision saw: the verifier accepts with probability
 ``min(1, p_i(t_i) / q_i(t_i))`` using ``U_i`` and otherwise emits a draw from
 ``norm(max(0, p_i - q_i))``; the emitted token then has law
 ``min(p_i, q_i) + (1 - sum min(p_i, q_i)) norm(max(0, p_i - q_i)) = p_i`` (Leviathan et al.,
 Thm 3.5 / Chen et al.). In both branches the token emitted at position ``i`` has law ``p_i``
-given ``(x, H, t_{<i})`` and given the branch, because the branch (stop or draft) was decided
-without ``U_i, U_{i+1}, ...`` and without ``t_i``'s verification; those uniforms are
-independent of everything the decision saw. If ``t_i`` is accepted the round continues at
-``i + 1`` from ``x + t_{<=i}`` with a decision that again sees only the draft side and the past,
-so the same argument applies there. Rounds compose the same way: the next round's K is a
-function of ``H`` extended by this round, which is the past of every token it will emit.
+given ``(x, H, t_{<i})`` and given the branch, because the branch was decided without ``t_i``
+and without ``U_i, U_{i+1}, ...``, which are independent of everything the decision saw. If
+``t_i`` is accepted the round continues at ``i + 1`` from ``x + t_{<=i}`` with a decision that
+again sees only the draft side and the past, so the same argument applies there. Rounds compose
+the same way: the next round's K is a function of ``H`` extended by this round, which is the
+past of every token it will emit.
 
 What breaks it (both are tested to be rejected by the decoder's joint-law test):
 
 - a stop that sees the current round's verification: cutting the proposal before the first
   draft the target would likely reject (looking at ``p_i(t_i)`` against ``q_i(t_i)``) keeps only
   drafts that "look good" and verifies them as if they had been drawn from ``q_i``: biased;
-- removing a drawn token, even on draft-side grounds: dropping ``t_i`` because ``q_i(t_i)`` is
-  small means the proposed token's law is ``q_i`` conditioned on being kept, not ``q_i``: biased.
-  This is why :class:`ConfidenceStop` keeps the low-confidence token and stops *after* it.
+- removing a drawn token on its own value, even on draft-side grounds: dropping ``t_i`` because
+  ``q_i(t_i)`` is small makes the proposal's law ``q_i`` conditioned on being kept, not ``q_i``:
+  biased. This is why :class:`ConfidenceStop` keeps the low-confidence token and stops *after* it.
 
-Decisions that look at ``p_i`` as a function of already drawn tokens only, without dropping
-tokens, are exact by the same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost
-a target pass to compute and are not what a draft-side policy needs.
+Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are exact by the
+same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
+are not what a draft-side policy needs.
 
 Greedy verification is exact for any proposal at all (it emits the target's argmax), so these
 questions only concern speculative sampling.
