@@ -64,6 +64,28 @@ def test_adaptive_k_follows_a_change_of_regime():
     assert high >= 8 and low <= 2, (high, low)
 
 
+def test_a_new_sequence_discounts_the_rates_but_keeps_the_costs():
+    policy = AdaptiveK(k_max=6, decay=1.0, carry=0.25)
+    simulated_rounds(policy, [0.9] * 6, 200, np.random.default_rng(3), target_time=lambda n: 0.02 + 0.002 * n,
+                     draft_time=lambda k: 0.001 * k)
+    tried, costs = policy.tried.copy(), policy.costs()
+    policy.begin()
+    np.testing.assert_allclose(policy.tried, 0.25 * tried)
+    np.testing.assert_allclose(policy.costs()[1], costs[1])
+    began = []
+
+    class Counting(FixedK):
+        def begin(self):
+            began.append(1)
+
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    dec = sv.SpeculativeDecoder(d, t, k=Counting(2))
+    dec.generate([1], max_new=5)
+    dec.generate([1], max_new=5)
+    assert len(began) == 2
+
+
 def test_policy_arguments_are_checked():
     with pytest.raises(ValueError, match="k must be"):
         FixedK(0)
