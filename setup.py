@@ -38,12 +38,14 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
+# Every specverify/*.pyx is an extension (today one, _kernels.pyx, which includes one .pxi per
+# op family; see its docstring for why they share a module).
+HERE = os.path.dirname(os.path.abspath(__file__))
 extensions = [
-    Extension(
-        "specverify._kernels",
-        ["specverify/_kernels.pyx"],
-        extra_compile_args=COMPILE_ARGS,
-    )
+    Extension(f"specverify.{name[:-len('.pyx')]}", [f"specverify/{name}"],
+              extra_compile_args=COMPILE_ARGS)
+    for name in sorted(os.listdir(os.path.join(HERE, "specverify")))
+    if name.endswith(".pyx")
 ]
 
 setup(

@@ -59,6 +59,7 @@ import numpy as np
 import torch
 
 from . import bench_impls as bi
+from . import bench_tree
 
 # ---------------------------------------------------------------------------------------------
 # Paths and the sweep, as data
@@ -79,10 +80,10 @@ OVERHEAD_V, OVERHEAD_K = 8, 4
 
 FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000,
             realistic_pool=32, probe_reps=15, probe_budget_s=0.4, probe_min_total=8 << 20,
-            overhead_budget_s=1.0)
+            overhead_budget_s=1.0, tree_budget_s=40.0, tree_sizes=bench_tree.TREE_SIZES)
 QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000,
              realistic_pool=8, probe_reps=3, probe_budget_s=0.02, probe_min_total=1 << 20,
-             overhead_budget_s=0.05, cold_bytes=4 << 20)
+             overhead_budget_s=0.05, cold_bytes=4 << 20, tree_budget_s=0.5, tree_sizes=((4096, 16),))
 
 CSV_FIELDS = ("V", "K", "op", "case", "cache", "impl", "rounds", "n_accepted_mean", "bytes_mean", "min_us",
               "median_us", "passes", "calls", "speedup_vs_torch", "speedup_vs_numpy",
@@ -615,9 +616,17 @@ def machine_line(meta):
             f"single thread")
 
 
-def markdown_report(rows, overhead, meta):
+def markdown_report(rows, overhead, meta, tree_rows=()):
     load = meta["load_start"], meta["load_end"]
     s = meta["settings"]
+    tree = [] if not tree_rows else [
+        "Tree verification (`sv.verify_tree_greedy`, `sv.accept_tree`; experiments/bench_tree.py): "
+        "EAGLE-like trees of N nodes, realistic children per rule; path = mean accepted path length; "
+        "rows read = mean rows of V floats the call must read; ÷ floor = min / floor.",
+        "",
+        bench_tree.tree_table(tree_rows, _fmt, _table),
+        "",
+    ]
     return "\n".join([
         "### Benchmark: verification ops, single thread",
         "",
@@ -636,12 +645,13 @@ def markdown_report(rows, overhead, meta):
         "",
         summary_table(rows),
         "",
+        *tree,
         "Python call overhead (tiny input: the kernel does almost nothing):",
         "",
         overhead_table(overhead),
         "",
         "Rerun: `python -m experiments.bench` (a few minutes; `--quick` for a smoke run). "
-        "Raw numbers: `results/bench/bench.csv`, `overhead.csv`, `meta.json`.",
+        "Raw numbers: `results/bench/bench.csv`, `tree.csv`, `overhead.csv`, `meta.json`.",
         "",
     ])
 
@@ -729,6 +739,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     rows, probe = run_sweep(args.sizes, settings, sv, args.seed)
     overhead = measure_overhead(sv, settings, args.seed)
+    tree_rows = []
+    if sv is not None and hasattr(sv, "accept_tree_from_uniforms"):
+        tree_rows = bench_tree.run_tree_sweep(sv, settings, args.seed, probe, timer_overhead_ns(),
+                                              time_round_robin, sizes=settings["tree_sizes"])
     meta.update(load_end=load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1),
                 bandwidth_GBps={f"{k[0]} {k[1]} B": round(v / 1e9, 2) for k, v in probe._cache.items()},
                 floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/bench_impls.py)")
@@ -738,8 +752,9 @@ def main(argv=None):
     write_csv(args.out_dir / CSV_NAME, rows, CSV_FIELDS)
     write_csv(args.out_dir / OVERHEAD_CSV_NAME, overhead, ("call", "V", "K", "min_us", "median_us",
                                                             "calls"))
+    write_csv(args.out_dir / bench_tree.TREE_CSV_NAME, tree_rows, bench_tree.TREE_CSV_FIELDS)
     (args.out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
-    report = markdown_report(rows, overhead, meta)
+    report = markdown_report(rows, overhead, meta, tree_rows)
     (args.out_dir / MD_NAME).write_text(report)
     (args.media_dir / MD_NAME).write_text(report)
     if not args.no_plot:

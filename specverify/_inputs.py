@@ -1,6 +1,6 @@
 """Validation and conversion of op arguments, for everything off the kernels' fast path.
 
-``specverify._kernels`` reads the common case directly (float32 rows with unit inner stride,
+``specverify/_args.pxi`` reads the common case directly (float32 rows with unit inner stride,
 contiguous int64 tokens, float64 uniforms); anything else comes here, where every check raises
 an exception whose message names the argument (and the row, where there is one), and what is
 valid is converted into that common case.  Per-element checks (NaN, Inf, negative values, zero

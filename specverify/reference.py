@@ -1,9 +1,9 @@
 """Slow, readable NumPy references for the ops.
 
 They take the same uniforms as the kernels and return the same ``(n_accepted, next_token)`` bit
-for bit: every float64 sum follows the documented order (``specverify._kernels``), every weight is
-computed with the same IEEE operations.  No validation beyond what the math needs: pass valid
-inputs (the ops validate theirs).
+for bit: every float64 sum follows the documented order (``specverify/_primitives.pxd``), every
+weight is computed with the same IEEE operations.  No validation beyond what the math needs: pass
+valid inputs (the ops validate theirs).
 """
 
 import numpy as np

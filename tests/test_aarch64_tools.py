@@ -99,8 +99,8 @@ def _run(tmp_path, optinfo, objdump):
     for name, text in (("k.pyx", PYX), ("k.c", C), ("opt.txt", optinfo), ("od.txt", objdump)):
         paths[name] = tmp_path / name
         paths[name].write_text(text)
-    regions, _ = neon.analyse(str(paths["k.pyx"]), str(paths["k.c"]), str(paths["opt.txt"]),
-                              str(paths["od.txt"]), pyx_name="pkg/k.pyx")
+    regions, _ = neon.analyse([str(paths["k.pyx"])], str(paths["k.c"]), str(paths["opt.txt"]),
+                              str(paths["od.txt"]))
     return {r.name: r for r in regions}
 
 

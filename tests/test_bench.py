@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from experiments import bench, bench_impls as bi  # noqa: E402
+from experiments import bench, bench_impls as bi, bench_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ((512, 2), (256, 3))
@@ -69,6 +69,30 @@ def test_csv_structure(quick_run):
             assert r["floor_method"]
         else:
             assert int(r["passes"]) >= 1 and int(r["calls"]) >= int(r["rounds"])
+
+
+def test_tree_rows(quick_run):
+    out, stdout = quick_run
+    rows = list(csv.DictReader(open(out / "results" / bench_tree.TREE_CSV_NAME)))
+    assert tuple(rows[0].keys()) == bench_tree.TREE_CSV_FIELDS and "| V, N" in stdout
+    groups = {(int(r["V"]), int(r["N"]), r["rule"], r["cache"], r["impl"]) for r in rows}
+    assert groups == {(v, n, rule, cache, impl) for v, n in bench.QUICK["tree_sizes"]
+                      for rule in bench_tree.TREE_RULES for cache in ("warm", "cold")
+                      for impl in ("specverify", "floor")}
+    for r in rows:
+        v, n = int(r["V"]), int(r["N"])
+        rows_read = float(r["bytes_mean"]) / (v * bi.F32)
+        assert 1 <= rows_read <= 2 * n + 1 and 0 <= float(r["n_accepted_mean"]) <= n
+        assert float(r["min_us"]) > 0 and float(r["ratio_to_floor_min"]) > 0
+
+
+def test_tree_shapes_and_bytes():
+    from specverify import law as sv_law
+    parents = bench_tree.eagle_like_parents(16)
+    assert parents.tolist() == [-1] * 4 + [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    children = sv_law.tree_children(parents)
+    assert bench_tree.bytes_read("greedy", children, [0, 5], 10) == 3 * 40
+    assert bench_tree.bytes_read("with_replacement", children, [0, 5], 10) == (3 + 2) * 40  # node 5 is a leaf
 
 
 def test_overhead_and_meta(quick_run):

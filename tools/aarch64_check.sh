@@ -12,7 +12,7 @@
 #      directives and compile flags, tools/cross_build.py), then compiled for each CPU in
 #      $SPECVERIFY_AARCH64_CPUS (default: cortex-a72 cortex-a76) into a scratch tree -- never into
 #      the repository's specverify/;
-#   4. NEON proof for every "# hot loop" of the .pyx (tools/neon_report.py): gcc's
+#   4. NEON proof for every "# hot loop" of the .pyx/.pxd/.pxi sources (tools/neon_report.py): gcc's
 #      -fopt-info-vec-optimized must report the loop vectorized with 16-byte vectors, and
 #      objdump must show SIMD arithmetic (fadd v.2d, umax v.4s, smax v.4s, ...) from its lines;
 #      the first (oldest) CPU's build must hold no ARMv8.1+ instructions (LSE atomics, dot product);
@@ -226,7 +226,12 @@ main() {
                 -fopt-info-vec-optimized="$d/$name.optinfo" "$c" -o "$so" 2>"$d/build.log" </dev/null \
                 || { cat "$d/build.log" >&2; die "$cpu build of $name failed"; }
             "$CROSS-objdump" -d -l --no-show-raw-insn "$so" >"$d/$name.objdump"
-            "$PY" "$REPO/tools/neon_report.py" --pyx "$pyx" --c "$c" --optinfo "$d/$name.optinfo" \
+            # the .pyx and the .pxd/.pxi beside it: hot loops live in all of them
+            sources=(--pyx "$pyx")
+            for src in "$(dirname "$pyx")"/*.pxd "$(dirname "$pyx")"/*.pxi; do
+                [[ -e $src ]] && sources+=(--pyx "$src")
+            done
+            "$PY" "$REPO/tools/neon_report.py" "${sources[@]}" --c "$c" --optinfo "$d/$name.optinfo" \
                 --objdump "$d/$name.objdump" --label "$cpu" --json "$d/$name.neon.json" </dev/null | tee -a "$d/neon.txt" \
                 || fail "$cpu: not every hot loop of $name is NEON-vectorized"
         done <"$WORK/exts.tsv"

@@ -5,7 +5,8 @@
     python -m tools.check_vectorization --cc clang --opt-info -Rpass=loop-vectorize   # other compilers
 
 A hot loop is the first ``for``/``while`` statement after a line holding a ``# hot loop`` comment in
-``specverify/*.pyx``; it spans that statement and its indented body. The tool
+``specverify/*.pyx`` or in the ``.pxd``/``.pxi`` files beside them (inline primitives, included op
+families); it spans that statement and its indented body. The tool
 
 1. reads the extensions, their compile flags and Cython directives from ``setup.py`` (executed with
    ``setuptools.setup`` and ``Cython.Build.cythonize`` stubbed out, so nothing is built or written
@@ -43,7 +44,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 HOT_MARK = re.compile(r"#\s*hot loop\b", re.IGNORECASE)
 LOOP_START = re.compile(r"^\s*(for|while)\b")
-CYTHON_SOURCE = re.compile(r'/\*\s*"([^"]+\.pyx)":(\d+)')
+CYTHON_SOURCE = re.compile(r'/\*\s*"([^"]+\.(?:pyx|pxd|pxi))":(\d+)')
 # gcc: "file.c:123:45: optimized: loop vectorized using 64 byte vectors"
 REPORT = re.compile(r"^(?P<file>[^:\s]+\.c):(?P<line>\d+):(?:\d+:)?\s*(?P<kind>optimized|missed|remark):\s*(?P<msg>.*)$")
 WIDTH = re.compile(r"using (\d+) byte vectors")             # gcc
@@ -203,17 +204,25 @@ def _same_source(name, target, root):
     return os.path.realpath(Path(root) / name) == target or target.endswith(os.sep + name)
 
 
-def _reports_in_loops(result, line_map, pyx, loops, root):
+def hot_sources(pyx):
+    """The .pyx and the .pxd/.pxi files beside it (inline primitives, included op families)."""
+    folder = Path(pyx).parent
+    return [str(pyx)] + sorted(str(p) for p in folder.glob("*.pxd")) + \
+        sorted(str(p) for p in folder.glob("*.pxi"))
+
+
+def _reports_in_loops(result, line_map, loops, root):
     """(loop, message) for every compiler report whose C line maps into one of `loops`."""
-    target = os.path.realpath(pyx)
     for text in (result.stderr + result.stdout).splitlines():
         m = REPORT.match(text.strip())
         if not m:
             continue
         src = line_map.get(int(m.group("line")))
-        if src is None or not _same_source(src[0], target, root):
+        if src is None:
             continue
         for loop in loops:
+            if not _same_source(src[0], os.path.realpath(loop.pyx), root):
+                continue
             slp_after = src[1] == loop.after and "basic block part vectorized" in m.group("msg")
             if loop.start <= src[1] <= loop.stop or slp_after:
                 yield loop, (f"{m.group('msg')} [pyx line {src[1]}]" if m.group("kind") == "missed"
@@ -239,7 +248,7 @@ def check(args, out=print):
             flags = shlex.split(args.flags) if args.flags is not None else build.extra_compile_args
             flags = flags + shlex.split(args.extra_flags or "")
             for pyx in build.sources:
-                loops = find_hot_loops(pyx)
+                loops = [loop for source in hot_sources(pyx) for loop in find_hot_loops(source)]
                 c_file = Path(tmp) / (Path(pyx).stem + ".c")
                 res = cythonize_to(pyx, c_file, build.directives, build.include_dirs, root)
                 if res.returncode != 0:
@@ -251,7 +260,7 @@ def check(args, out=print):
                     out(f"error: compiler failed ({res.returncode}):\n{res.stderr[-4000:]}")
                     return 2
                 line_map = c_to_pyx_lines(c_file)
-                for loop, msg in _reports_in_loops(res, line_map, pyx, loops, root):
+                for loop, msg in _reports_in_loops(res, line_map, loops, root):
                     if VECTORIZED.search(msg) and "[pyx line" not in msg:
                         loop.reports.append(msg)
                 missing = [l for l in loops if not l.kinds()]
@@ -259,7 +268,7 @@ def check(args, out=print):
                     # Recompile asking why: the compiler's "missed" notes inside each failing loop.
                     _, res = compile_report(c_file, cc, base, flags, build.include_dirs,
                                             shlex.split(args.explain))
-                    for loop, msg in _reports_in_loops(res, line_map, pyx, missing, root):
+                    for loop, msg in _reports_in_loops(res, line_map, missing, root):
                         if msg not in loop.missed:
                             loop.missed.append(msg)
                 all_loops += loops

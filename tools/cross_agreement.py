@@ -10,8 +10,11 @@ wide-dynamic-range / unnormalized rows, drafts equal to, scaled from, near, or u
 target, and uniforms placed exactly on (and one ulp either side of) the acceptance thresholds and
 inverse-CDF boundaries as computed in float64 by NumPy -- where any difference in summation order
 between builds would flip a result.  ``run`` records ``(n_accepted, next_token)`` of
-``verify_greedy``, ``accept_from_uniforms`` with the draft probs, and with ``draft_probs=None``
-(exceptions are recorded as their type).  ``compare`` requires exact equality of every pair.
+``verify_greedy``, ``accept_from_uniforms`` with the draft probs, and with ``draft_probs=None``,
+and of the tree ops on the same rows read as a tree (``tree_parents``; the accepted path encoded
+as one integer): ``verify_tree_greedy`` and ``accept_tree_from_uniforms`` with deterministic
+children and with and without replacement (exceptions are recorded as their type).  ``compare``
+requires exact equality of every pair.
 
 Runs under the host Python and under the emulated Debian python3 (NumPy >= 1.22, stdlib only).
 """
@@ -24,7 +27,7 @@ import time
 import numpy as np
 
 SEED = 20261129
-OPS = ("verify_greedy", "accept", "accept_none")
+OPS = ("verify_greedy", "accept", "accept_none", "tree_greedy", "tree_none", "tree_without", "tree_with")
 VOCABS = (1, 2, 3, 15, 16, 17, 31, 255, 256, 257, 300, 511, 512, 513, 1000, 4096, 4111, 32000, 50257)
 BIG_VOCABS = (128256, 151936)
 
@@ -222,6 +225,30 @@ def _as_layout(x, layout):
     return x
 
 
+def tree_parents(k):
+    """The K drafts of a case read as a tree: two children at the root, then two per node."""
+    return np.array([-1 if i < 2 else (i - 2) // 2 for i in range(k)], dtype=np.int64)
+
+
+def _tree_tokens(tokens, parents, v):
+    """The case's tokens with repeated siblings moved to the next free id (distinct siblings are
+    what two of the tree rules require; V = 1 keeps its repeats and errors alike everywhere)."""
+    out = tokens.copy()
+    for i in range(len(out)):
+        siblings = {int(out[j]) for j in range(i) if parents[j] == parents[i]}
+        while int(out[i]) in siblings and len(siblings) < v:
+            out[i] = (out[i] + 1) % v
+    return out
+
+
+def _tree_result(path, next_token):
+    """(path as one integer: base-(N+1) digits of node + 1, next_token)."""
+    code = 0
+    for node in path:
+        code = code * 1000003 + int(node) + 1
+    return code % (1 << 62), next_token
+
+
 def run(cases_path):
     import specverify as sv
     data = np.load(cases_path)
@@ -235,10 +262,17 @@ def run(cases_path):
         k = data[f"k{i}"]
         u = data[f"u{i}"]
         g = _as_layout(data[f"g{i}"], layout) if f"g{i}" in data.files else t
+        parents = tree_parents(len(k))
+        tk = _tree_tokens(k, parents, t.shape[1])
+        td = None if d is None else np.concatenate([d, t[-1:].astype(d.dtype)])  # [K+1, V]: a row per position
         calls = (
             lambda: sv.verify_greedy(g, k),
             lambda: sv.accept_from_uniforms(t, d, k, u),
             lambda: sv.accept_from_uniforms(t, None, k, u),
+            lambda: _tree_result(*sv.verify_tree_greedy(g, tk, parents)),
+            lambda: _tree_result(*sv.accept_tree_from_uniforms(t, None, tk, parents, u)),
+            lambda: _tree_result(*sv.accept_tree_from_uniforms(t, td, tk, parents, u)),
+            lambda: _tree_result(*sv.accept_tree_from_uniforms(t, td, tk, parents, u, replacement=True)),
         )
         for j, call in enumerate(calls):
             try:
