@@ -425,14 +425,30 @@ def speedup_curve(rates=None, c=0.0, target_cost=None, *, survival=None, propose
     return tokens / time
 
 
-def speedup(rates=None, c=0.0, target_cost=None, *, survival=None, proposed=None) -> float:
+def speedup(rates=None, c=0.0, target_cost=None, *, survival=None, proposed=None, drafted=None) -> float:
     """The modelled speed-up over plain decoding of rounds drafting ``K = len(rates)`` tokens.
 
     Expected tokens per round over expected time per round (see :func:`speedup_curve` for the
     arguments). With ``rates = [a] * K``, scalar ``c`` and no ``target_cost`` this is
     Leviathan et al.'s ``(1 - a^{K+1}) / ((1 - a)(K c + 1))``.
+
+    ``drafted``: a round that drafts ``N`` tokens however deep it accepts, e.g. a tree of ``N``
+    nodes whose accepted depth has ``survival`` (from :func:`tree_length_pmf`): then
+    ``f = (1 + sum_i survival_i) / (D(N) + T(N + 1))``, ``c`` and ``target_cost`` evaluated at N.
     """
-    return float(speedup_curve(rates, c, target_cost, survival=survival, proposed=proposed)[-1])
+    if drafted is None:
+        return float(speedup_curve(rates, c, target_cost, survival=survival, proposed=proposed)[-1])
+    if proposed is not None or int(drafted) != drafted or drafted < 0:
+        raise ValueError(f"drafted must be a node count >= 0 and excludes proposed, got {drafted!r}")
+    n = int(drafted)
+    tokens = 1.0 + _survival(rates, survival).sum()
+    draft = _cost_values(c, [n], "c")[0] if n else 0.0
+    target = 1.0 if target_cost is None else _cost_values(target_cost, [1, n + 1], "target_cost")
+    if target_cost is not None:
+        if not math.isclose(target[0], 1.0, rel_tol=1e-9):
+            raise ValueError(f"target_cost(1) must be 1 (costs are relative to a one-token pass), got {target[0]!r}")
+        target = target[1]
+    return float(tokens / (draft + target))
 
 
 class Optimum(NamedTuple):

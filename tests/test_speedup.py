@@ -141,3 +141,20 @@ def test_rejects_bad_arguments():
         law.optimal_k(0.5, 0.1, target_cost=lambda n: 1.0)
     with pytest.raises(ValueError, match="interior"):
         law.optimal_k_continuous(0.5, 0.6)
+
+
+def test_trees_plug_in_through_survival_and_drafted():
+    """A tree's accepted-depth law (law.tree_length_pmf) gives the survival; its node count the costs."""
+    rng = np.random.default_rng(5)
+    v, parents = 6, [-1, -1, 0, 0, 1, 2]  # 6 nodes, depth 3
+    p = rng.dirichlet(np.ones(v), size=len(parents) + 1)
+    q = rng.dirichlet(np.ones(v), size=len(parents) + 1)
+    pmf = law.tree_length_pmf(p, q, parents, "with_replacement")
+    survival = pmf[::-1].cumsum()[::-1][1:]  # P(depth >= i), i = 1..3
+    cost = lambda n: 1 + 0.05 * (n - 1)  # noqa: E731
+    got = law.speedup(survival=survival, c=0.02, target_cost=cost, drafted=len(parents))
+    assert got == pytest.approx((1 + (np.arange(pmf.size) * pmf).sum()) / (0.02 * 6 + cost(7)), rel=1e-12)
+    # a chain is the tree that drafts exactly K tokens
+    assert law.speedup([0.7, 0.6], 0.1, cost, drafted=2) == pytest.approx(law.speedup([0.7, 0.6], 0.1, cost))
+    with pytest.raises(ValueError, match="drafted"):
+        law.speedup([0.5], drafted=-1)
