@@ -152,20 +152,32 @@ class FixedK:
         return f"FixedK({self.k_max})"
 
 
-class _Linear:
-    """Weighted, decayed least squares ``y = b0 + b1 (x - 1)``, the slope pulled to a prior.
+class _CostCurve:
+    """Seconds as a function of a length x = 1..x_max, learned from decayed observations.
 
-    ``b1 = (Sxy + ridge * s0) / (Sxx + ridge)`` with ``s0 = 0`` (flat: extra positions free) or,
-    ``proportional=True``, ``s0 = mean(y) / mean(x)`` (cost proportional to x). With all
-    observations at one x the prior decides the other x's until observations there say otherwise.
+    Where x was observed the estimate is the decayed mean there, shrunk towards a decayed least
+    squares line ``b0 + b1 (x - 1)`` by ``pseudo`` observations of the line; unobserved lengths
+    get the line. The line's slope is pulled to a prior, ``b1 = (Sxy + ridge s0) / (Sxx + ridge)``
+    with ``s0 = 0`` (extra positions free) or, ``proportional=True``, ``s0 = mean(y) / mean(x)``
+    (cost proportional to x), so that with all observations at one x the prior decides the rest.
+    The per-length means follow steps the line cannot (on a CPU, a target pass scoring one token
+    runs a matrix-vector product and is often much cheaper than one scoring two).
     """
 
-    def __init__(self, decay: float, proportional: bool = False, ridge: float = 1.0):
-        self.decay, self.proportional, self.ridge = decay, proportional, ridge
+    def __init__(self, decay: float, x_max: int, proportional: bool = False, ridge: float = 1.0,
+                 pseudo: float = 2.0):
+        self.decay, self.proportional, self.ridge, self.pseudo = decay, proportional, ridge, pseudo
         self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+        self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
+        self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
 
-    def add(self, x: float, y: float) -> None:
+    def add(self, x: int, y: float) -> None:
         d = self.decay
+        self.w_at *= d
+        self.y_at *= d
+        if x < self.w_at.size:
+            self.w_at[x] += 1.0
+            self.y_at[x] += y
         x = x - 1.0
         self.w = d * self.w + 1.0
         self.wx = d * self.wx + x
@@ -177,13 +189,15 @@ class _Linear:
     def seen(self) -> bool:
         return self.w > 0.0
 
-    def __call__(self, x) -> np.ndarray:
+    def __call__(self, xs) -> np.ndarray:
+        xs = np.asarray(xs, dtype=np.int64)
         mx, my = self.wx / self.w, self.wy / self.w
         sxx = self.wxx - self.w * mx * mx
         sxy = self.wxy - self.w * mx * my
         prior = my / (mx + 1.0) if self.proportional else 0.0
         slope = (sxy + self.ridge * prior) / (sxx + self.ridge)
-        return my + slope * (np.asarray(x, dtype=np.float64) - 1.0 - mx)
+        line = my + slope * (xs - 1.0 - mx)
+        return (self.y_at[xs] + self.pseudo * line) / (self.w_at[xs] + self.pseudo)
 
 
 class AdaptiveK:
@@ -198,7 +212,8 @@ class AdaptiveK:
     - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
       (prior 1: drafts propose what they are asked unless seen otherwise);
     - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
-      for n scored tokens, each an affine fit of the decoder's timings (``draft_cost`` and
+      for n scored tokens, learned from the decoder's timings (per-length means shrunk to a line,
+      see :class:`_CostCurve`; ``draft_cost`` and
       ``target_cost`` given instead: a fixed cost model in units of a one-token target pass, as
       :func:`specverify.law.speedup_curve` takes them; no clock is read).
 
@@ -238,8 +253,8 @@ class AdaptiveK:
         self.passed = np.zeros(k)  # [k] ... and accepted it
         self.asked_at = np.zeros(k)  # [k] rounds that asked >= i and proposed everything before i
         self.proposed_at = np.zeros(k)  # [k] ... and proposed i
-        self.draft_fit = _Linear(self.decay, proportional=True)  # seconds of a draft call vs K asked
-        self.target_fit = _Linear(self.decay)  # seconds of a target pass vs tokens scored
+        self.draft_fit = _CostCurve(self.decay, k, proportional=True)  # seconds of a draft call vs K asked
+        self.target_fit = _CostCurve(self.decay, k + 1)  # seconds of a target pass vs tokens scored
         self.rounds = 0
         self.last_curve = None  # [k_max + 1] the modelled f(k) behind the last choice
 
