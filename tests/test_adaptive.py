@@ -102,6 +102,22 @@ def test_a_new_sequence_discounts_the_rates_but_keeps_the_costs():
     assert len(began) == 2
 
 
+def test_decoder_times_rounds_with_the_clock_it_is_given():
+    ticks = iter(range(10**6))
+    seen = []
+
+    class Seeing(FixedK):
+        def observe(self, record):
+            seen.append(record)
+
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    dec = sv.SpeculativeDecoder(d, t, k=Seeing(3), clock=lambda: float(next(ticks)))
+    dec.generate([1], max_new=9)
+    assert all(r.draft_time == (1.0 if r.asked else 0.0) and r.target_time == 1.0 for r in seen)
+    assert dec.stats.target_time == dec.stats.rounds
+
+
 def test_policy_arguments_are_checked():
     with pytest.raises(ValueError, match="k must be"):
         FixedK(0)
