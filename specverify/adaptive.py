@@ -222,14 +222,17 @@ class AdaptiveK:
     (``K = 0``, plain decoding, when no draft length pays). Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
     observed (and, after K = 0, that drafting is tried again). Deterministic given the rounds it saw.
-    The costs persist across ``generate`` calls (they belong to the machine and the models); at
-    the start of each new sequence (:meth:`begin`) the acceptance and proposal counts are scaled
-    by ``carry``, so that the last sequence's rates are a weak prior for the next one (a new
-    decoder, or :meth:`reset`, starts over).
+    The prior is optimistic on purpose (``prior_rate`` 0.8): a policy that believes drafting does
+    not pay asks for K = 0 and never sees the data that would prove it wrong, while an optimistic
+    one is corrected within a few rounds. The costs persist across ``generate`` calls (they
+    belong to the machine and the models); at the start of each new sequence (:meth:`begin`) the
+    acceptance and proposal counts are scaled by ``carry`` (default 0: each sequence starts from
+    the prior, since one prompt's acceptance says little about the next's). A new decoder, or
+    :meth:`reset`, starts over.
     """
 
-    def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.6, prior_strength: float = 4.0,
-                 decay: float = 0.98, carry: float = 0.25, draft_cost=None, target_cost=None,
+    def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.8, prior_strength: float = 4.0,
+                 decay: float = 0.98, carry: float = 0.0, draft_cost=None, target_cost=None,
                  explore_every: int = 10, confidence_threshold: Optional[float] = None):
         if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
             raise ValueError(f"need integers 0 <= k_min <= k_max, k_max >= 1; got k_min={k_min!r}, k_max={k_max!r}")
