@@ -4,7 +4,7 @@
     python -m experiments.bench --quick    # smoke run (CI): tiny budget, small cold pool
     python -m experiments.bench --plot-only
 
-Sweep (declared as data below): sizes (V, K) x op {verify_greedy, accept} x input {realistic, worst}
+Sweep (declared as data below): sizes (V, K) x op {verify_greedy, accept, accept_block} x input {realistic, worst}
 x cache {warm, cold}, each timed for every implementation in the same process, single thread,
 round-robin so that changes in machine load hit all implementations alike.
 
@@ -15,7 +15,9 @@ round-robin so that changes in machine load hit all implementations alike.
   mix of accepted lengths (the mean is reported as n_acc).
 - worst: every row the op can read is read. Greedy: all K accepted (K+1 argmaxes). accept: rejection
   at the last position (target and draft rows 0..K-1 read, then the residual), forced by explicit
-  uniforms (u_i = 0 before, 1 - 2^-53 at a token with q > p).
+  uniforms (u_i = 0 before, 1 - 2^-53 at a token with q > p). accept_block always reads every row;
+  its worst case gives every row 1..K-1 a residual pass (all ratios in (0, 1)) and rejects all
+  coins, so the draw scans row 0's residual.
 - warm: the same rows every call (realistic cycles tokens/uniforms over them).
 - cold: rounds laid end to end over a row pool larger than 2 x (last-level cache + all L2): each round
   starts at the row after the previous round's last read row, so one pass over the rounds reads
@@ -72,7 +74,13 @@ CSV_NAME, OVERHEAD_CSV_NAME = "bench.csv", "overhead.csv"
 MD_NAME, META_NAME, PNG_NAME = "bench.md", "meta.json", "bench.png"
 
 SIZES = ((32000, 4), (128256, 5), (4096, 8))   # (V, K): the seed's published rows + a small one
-OPS = ("verify_greedy", "accept")
+OPS = ("verify_greedy", "accept", "accept_block")
+# op: (specverify function, pure torch, NumPy)
+OP_FUNCTIONS = {
+    "verify_greedy": ("verify_greedy", bi.torch_verify_greedy, bi.numpy_verify_greedy),
+    "accept": ("accept_from_uniforms", bi.torch_accept, bi.numpy_accept),
+    "accept_block": ("accept_block_from_uniforms", bi.torch_accept_block, bi.numpy_accept_block),
+}
 CASES = ("realistic", "worst")
 CACHES = ("warm", "cold")
 IMPLS = ("specverify", "torch", "numpy")
@@ -253,14 +261,10 @@ class Rounds:
         self.n_accepted = None
 
     def functions(self, sv):
-        if self.op == "verify_greedy":
-            fns = {"torch": bi.torch_verify_greedy, "numpy": bi.numpy_verify_greedy}
-            if sv is not None:
-                fns["specverify"] = sv.verify_greedy
-        else:
-            fns = {"torch": bi.torch_accept, "numpy": bi.numpy_accept}
-            if sv is not None:
-                fns["specverify"] = sv.accept_from_uniforms
+        sv_name, torch_fn, numpy_fn = OP_FUNCTIONS[self.op]
+        fns = {"torch": torch_fn, "numpy": numpy_fn}
+        if sv is not None:
+            fns["specverify"] = getattr(sv, sv_name)
         return {name: fns[name] for name in IMPLS if name in fns}
 
     def check(self, sv, expect_n=None, log=print):
@@ -294,15 +298,20 @@ def _round_inputs(pool, op, case, offset, rng):
         return tok, None
     if case == "realistic":
         return bi.realistic_accept_inputs(t, d, rng)
-    return bi.worst_accept_inputs(t, d)
+    return bi.worst_block_inputs(t, d) if op == "accept_block" else bi.worst_accept_inputs(t, d)
 
 
 def _path_length(pool, op, offset, tok, u, sv):
-    """n_accepted of a round (specverify's if available): the round reads n + 1 row (pairs)."""
+    """n_accepted of a round (specverify's if available)."""
     t, d = pool.round(offset)
-    if op == "verify_greedy":
-        return (sv.verify_greedy(t, tok) if sv else bi.numpy_verify_greedy(t, tok))[0]
-    return (sv.accept_from_uniforms(t, d, tok, u) if sv else bi.numpy_accept(t, d, tok, u))[0]
+    sv_name, _, numpy_fn = OP_FUNCTIONS[op]
+    args = (t, tok) if op == "verify_greedy" else (t, d, tok, u)
+    return (getattr(sv, sv_name) if sv else numpy_fn)(*args)[0]
+
+
+def _rows_read(op, k, n_accepted):
+    """Target rows (or row pairs) a round reads: n + 1, or all K + 1 for accept_block."""
+    return k + 1 if op == "accept_block" else n_accepted + 1
 
 
 def _law_pmf(k, alpha=bi.ACCEPTANCE):
@@ -320,6 +329,11 @@ def _quotas(pmf, total):
     return q
 
 
+OP_LABELS = {"verify_greedy": "greedy", "accept": "accept", "accept_block": "block"}
+# The accepted length each op's worst case forces.
+WORST_N_ACCEPTED = {"verify_greedy": lambda k: k, "accept": lambda k: k - 1, "accept_block": lambda k: 0}
+
+
 def build_rounds(pool, op, case, cache, n_warm, rng, generator, sv, cold_rows):
     """warm: rounds at row 0 (n_warm of them for 'realistic', with accepted lengths in the
     proportions of the law at acceptance 0.68; 1 for 'worst').
@@ -330,6 +344,11 @@ def build_rounds(pool, op, case, cache, n_warm, rng, generator, sv, cold_rows):
     if cache == "warm" and case == "worst":
         tok, u = _round_inputs(pool, op, case, 0, rng)
         offsets.append(0), tokens.append(tok), uniforms.append(u)
+    elif cache == "warm" and op == "accept_block":
+        # accept_block reads every row whatever its outcome: plain random rounds.
+        for _ in range(n_warm):
+            tok, u = _round_inputs(pool, op, case, 0, rng)
+            offsets.append(0), tokens.append(tok), uniforms.append(u)
     elif cache == "warm":
         # Stratified: accepted lengths in the proportions of the law at acceptance 0.68, so a
         # small pool has the realistic mix. Draw rounds; keep those whose length has quota left.
@@ -347,12 +366,12 @@ def build_rounds(pool, op, case, cache, n_warm, rng, generator, sv, cold_rows):
         while o < cold_rows:
             tok, u = _round_inputs(pool, op, case, o, rng)
             offsets.append(o), tokens.append(tok), uniforms.append(u)
-            o += _path_length(pool, op, o, tok, u, sv) + 1
+            o += _rows_read(op, pool.k, _path_length(pool, op, o, tok, u, sv))
         order = rng.permutation(len(offsets))
         offsets, tokens, uniforms = ([x[i] for i in order] for x in (offsets, tokens, uniforms))
     rounds = Rounds(pool, op, offsets, tokens, uniforms, generator)
     k = pool.k
-    return rounds, (None if case == "realistic" else (k if op == "verify_greedy" else k - 1))
+    return rounds, (None if case == "realistic" else WORST_N_ACCEPTED[op](k))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,6 +536,7 @@ def measure_overhead(sv, settings, seed):
             ("sv.accept_from_uniforms, torch tensors", sv.accept_from_uniforms, (t, d, tok, u)),
             ("sv.accept_from_uniforms, NumPy arrays", sv.accept_from_uniforms, (t_np, d_np, tok_np, u)),
             ("sv.accept, torch tensors + torch.Generator", sv.accept, (t, d, tok, g)),
+            ("sv.accept_block_from_uniforms, torch tensors", sv.accept_block_from_uniforms, (t, d, tok, u)),
         ]
         conv = bi.specverify_conversion_noops(sv)
         if conv:
@@ -639,7 +659,8 @@ def markdown_report(rows, overhead, meta, tree_rows=()):
         "specverify; floor = bytes the op must read / read bandwidth measured in the same run for that "
         "size and cache state; ÷ floor = specverify min / floor. n_acc = mean accepted length of the "
         "rounds timed. *realistic*: per-position acceptance ≈ 0.68; *worst*: every row read (greedy: "
-        "all K accepted; accept: rejection at position K-1). *warm*: same rows every call; *cold*: "
+        "all K accepted; accept: rejection at position K-1; accept_block: all coins fail with every residual "
+        "pass done). *warm*: same rows every call; *cold*: "
         f"a pass over the rounds reads {s['cold_bytes'] >> 20} MiB of distinct rows (each once), in "
         "shuffled order.",
         "",
@@ -685,8 +706,7 @@ def plot(csv_path, png_path, meta=None):
                        hatch="//" if impl == "floor" else None, alpha=0.5 if impl == "floor" else 1.0)
             ax.set_yscale("log")
             ax.set_xticks(np.arange(len(groups)))
-            ax.set_xticklabels([f"{'greedy' if op == 'verify_greedy' else 'accept'}\n{case}"
-                                for op, case in groups], fontsize=8)
+            ax.set_xticklabels([f"{OP_LABELS[op]}\n{case}" for op, case in groups], fontsize=8)
             ax.set_title(f"V={v}, K={k}, {cache} cache", fontsize=9)
             ax.grid(axis="y", which="both", alpha=0.3)
             if si == 0:

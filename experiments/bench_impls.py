@@ -94,6 +94,68 @@ def numpy_accept(target, draft, tokens, uniforms):
 
 
 # ---------------------------------------------------------------------------------------------
+# Block verification (Sun et al. 2024), the same rule as specverify.accept_block written plainly:
+# capped cumulative ratios p_i, h_i = Z_i / (Z_i + 1 - p_i), tau = the LARGEST passing coin,
+# residual norm(max(p_tau * p - q, 0)).
+# ---------------------------------------------------------------------------------------------
+
+def _block_thresholds(p_t, q_t, z_of):
+    """Capped cumulative ratios [K+1] (from ratios p_t / q_t) and thresholds h [K]; z_of(s) gives
+    Z_i for rows 1..K-1 given their survivals s [K-1]."""
+    k = len(p_t)
+    surv = [1.0]
+    for a, b in zip(p_t, q_t):
+        surv.append(0.0 if surv[-1] == 0.0 or a == 0.0 else (1.0 if b == 0.0 else min(1.0, surv[-1] * a / b)))
+    z = z_of(surv[1:k])
+    h = [1.0 if zi + 1.0 - s <= 0.0 else zi / (zi + 1.0 - s) for zi, s in zip(z, surv[1:k])] + [surv[k]]
+    return surv, h
+
+
+def torch_accept_block(target, draft, tokens, uniforms=None, generator=None):
+    """target [K+1, V], draft [K, V], tokens [K] int64, uniforms [K+1] float64 or None."""
+    k = tokens.shape[0]
+    p = target / target.sum(dim=-1, keepdim=True)      # [K+1, V]
+    q = draft / draft.sum(dim=-1, keepdim=True)        # [K, V]
+    idx = torch.arange(k)
+    p_t, q_t = p[idx, tokens].tolist(), q[idx, tokens].tolist()
+
+    def z_of(s):  # [K-1] sum_v max(p_i p(v) - q(v), 0), rows 1..K-1
+        s = torch.tensor(s, dtype=p.dtype)
+        return torch.clamp(s[:, None] * p[1:k] - q[1:k], min=0).sum(dim=-1).tolist()
+
+    surv, h = _block_thresholds(p_t, q_t, z_of)
+    u = torch.rand(k, dtype=torch.float64, generator=generator) if uniforms is None else uniforms[:k]
+    passed = (u < torch.tensor(h, dtype=torch.float64)).nonzero()
+    n = int(passed[-1]) + 1 if passed.numel() else 0
+    if n < k:
+        weights = torch.clamp(surv[n] * p[n] - q[n], min=0)  # [V] block residual
+        if not weights.sum() > 0:
+            weights = p[n]
+    else:
+        weights = p[k]                                       # [V] bonus
+    return n, int(torch.multinomial(weights, num_samples=1, generator=generator))
+
+
+def numpy_accept_block(target, draft, tokens, uniforms):
+    """target [K+1, V], draft [K, V], tokens [K] int64, uniforms [K+1] float64."""
+    k = tokens.shape[0]
+    p = target / target.sum(axis=-1, keepdims=True)    # [K+1, V]
+    q = draft / draft.sum(axis=-1, keepdims=True)      # [K, V]
+    idx = np.arange(k)
+    surv, h = _block_thresholds(p[idx, tokens].tolist(), q[idx, tokens].tolist(),
+                                lambda s: np.maximum(np.asarray(s, dtype=p.dtype)[:, None] * p[1:k] - q[1:k],
+                                                     0).sum(axis=-1).tolist())
+    passed = np.flatnonzero(uniforms[:k] < np.asarray(h))
+    n = int(passed[-1]) + 1 if passed.size else 0
+    weights = np.maximum(surv[n] * p[n] - q[n], 0) if n < k else p[k]   # [V] residual or bonus
+    if not weights.sum() > 0:
+        weights = p[n]
+    cdf = np.cumsum(weights, dtype=np.float64)
+    tok = int(np.searchsorted(cdf, uniforms[k] * cdf[-1], side="right"))
+    return n, min(tok, weights.shape[0] - 1)
+
+
+# ---------------------------------------------------------------------------------------------
 # No-op baselines for the call-overhead measurement.
 # ---------------------------------------------------------------------------------------------
 
@@ -131,8 +193,10 @@ def bytes_read(op, v, k, n_accepted):
         rows = n_accepted + 1                              # target rows 0..n
     elif op == "accept":
         rows = 2 * (n_accepted + 1) if n_accepted < k else 2 * k + 1   # target+draft 0..n (+p_K)
+    elif op == "accept_block":
+        rows = 2 * k + 1                                   # every target and draft row, always
     else:
-        raise ValueError(f"op must be 'verify_greedy' or 'accept', got {op!r}")
+        raise ValueError(f"op must be 'verify_greedy', 'accept' or 'accept_block', got {op!r}")
     return rows * v * F32
 
 
@@ -244,6 +308,19 @@ def worst_accept_inputs(target, draft):
     tokens[k - 1] = int(np.argmax(q - p))
     u = np.zeros(k + 1)
     u[k - 1] = LAST_BELOW_ONE
+    u[k] = 0.5
+    return tokens, u
+
+
+def worst_block_inputs(target, draft):
+    """The most work for accept_block: every ratio p_t / q_t in (0, 1) (t_i = argmax(q - p) over
+    tokens with p > 0), so every p_i is positive and below 1 and each row 1..K-1 gets its residual
+    pass; coins u = 1 - 2^-53 all fail, so tau = 0 and the draw scans row 0's residual."""
+    k = draft.shape[0]
+    p = target[:k] / target[:k].sum(axis=-1, keepdims=True, dtype=np.float64)
+    q = draft / draft.sum(axis=-1, keepdims=True, dtype=np.float64)
+    tokens = np.argmax(np.where(p > 0, q - p, -np.inf), axis=-1).astype(np.int64)
+    u = np.full(k + 1, LAST_BELOW_ONE)
     u[k] = 0.5
     return tokens, u
 

@@ -1,8 +1,9 @@
 """Redraw every figure the README shows, from cached results only.
 
 ``python -m experiments.figures`` reads the results of the default hero run
-(``python -m experiments.convergence``) and of the default sweep (``python -m experiments.sweep``)
-and writes ``media/hero.gif``, ``media/hero.png`` and ``media/sweep.png``; and, when
+(``python -m experiments.convergence``), of the default sweep (``python -m experiments.sweep``) and
+of the default block comparison (``python -m experiments.block``) and writes ``media/hero.gif``,
+``media/hero.png``, ``media/sweep.png`` and ``media/block.png``; and, when
 ``python -m experiments.speedup`` has been run, ``media/speedup.png``. Nothing is computed
 here: a missing result is reported with the command that produces it.
 """
@@ -52,6 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--results", type=Path, default=paths.RESULTS_DIR)
     ap.add_argument("--out", type=Path, default=paths.MEDIA_DIR)
     ap.add_argument("--sweep-dir", type=Path, default=None, help="a sweep results directory (default: the default grid's)")
+    ap.add_argument("--block-dir", type=Path, default=None,
+                    help="an experiments.block results directory (default: the default grid's)")
     args = ap.parse_args(argv)
     missing = 0
     try:
@@ -65,6 +68,14 @@ def main(argv=None) -> int:
         print(f"wrote {sweep_figure(d, args.out)}")
     else:
         print(f"no cached sweep results in {d}; run `python -m experiments.sweep`", file=sys.stderr)
+        missing += 1
+    from . import block
+
+    d = args.block_dir or block.default_dir(args.results)
+    if (d / "summary.json").exists():
+        print(f"wrote {block.figure(d, args.out)}")
+    else:
+        print(f"no cached block results in {d}; run `python -m experiments.block`", file=sys.stderr)
         missing += 1
     # Choosing K (optional here: its absence does not fail the redraw of the figures above)
     from . import speedup

@@ -27,6 +27,7 @@ CACHE_VERSION = 1
 HERO_GIF = "hero.gif"
 HERO_PNG = "hero.png"
 SWEEP_PNG = "sweep.png"
+BLOCK_PNG = "block.png"
 
 _PACKAGES = ("specverify", "numpy", "scipy", "torch", "pandas", "matplotlib", "imageio", "pillow")
 

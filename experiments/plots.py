@@ -186,6 +186,57 @@ def sweep_figure(table, ks_p: float, alpha: float, *, dpi: int = 100):
     return fig
 
 
+# ------------------------------------------------------------------------------------------
+# block verification vs token-wise
+# ------------------------------------------------------------------------------------------
+ACCEPTANCE_COLORS = {0.5: "#d62728", 0.7: "#1f77b4", 0.9: "#2ca02c"}
+
+
+def block_figure(table, *, dpi: int = 100, vocab_main: int = 32000):
+    """Two panels from an ``experiments.block`` table: mean accepted length vs K for both methods
+    (law lines, empirical points ±2 s.e.) at ``vocab_main``, and the gain (block − token-wise) for
+    every V.  Each cell is an independent target/draft pair, hence the jagged lines."""
+    from matplotlib.lines import Line2D
+
+    fig, (ax_m, ax_g) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=dpi)
+    vocabs = sorted(int(v) for v in table["vocab"].unique())
+    main = vocab_main if vocab_main in vocabs else vocabs[-1]
+    styles = dict(zip([main] + [v for v in vocabs if v != main], ["-", ":", "-."]))
+    colors = {}
+    for j, (a, sub) in enumerate(table.groupby("acceptance")):
+        c = colors[a] = ACCEPTANCE_COLORS.get(round(float(a), 2), f"C{j + 3}")
+        m = sub[sub["vocab"] == main].sort_values("k")
+        ax_m.plot(m["k"], m["block_law_mean"], color=c, lw=1.8)
+        ax_m.plot(m["k"], m["token_law_mean"], color=c, lw=1.2, ls="--")
+        ax_m.errorbar(m["k"] + 0.08, m["block_emp_mean"], yerr=2 * m["block_se"], fmt="o", ms=3.5, color=c,
+                      capsize=2, lw=1)
+        ax_m.errorbar(m["k"] - 0.08, m["token_emp_mean"], yerr=2 * m["token_se"], fmt="o", ms=3.5, mfc="white",
+                      color=c, capsize=2, lw=1)
+        for v in vocabs:
+            g = sub[sub["vocab"] == v].sort_values("k")
+            ax_g.plot(g["k"], g["gain_law"], color=c, lw=1.4, ls=styles[v])
+            ax_g.errorbar(g["k"], g["gain_emp"], yerr=2 * g["gain_se"], fmt="o", ms=3, color=c,
+                          mfc=c if v == main else "white", capsize=2, lw=0.8)
+    by_acceptance = [Line2D([], [], color=c, lw=2, label=f"acceptance {a:g}") for a, c in colors.items()]
+    ax_m.legend(handles=by_acceptance + [
+        Line2D([], [], color="k", lw=1.8, label="block (law)"),
+        Line2D([], [], color="k", lw=1.2, ls="--", label="token-wise (law)"),
+        Line2D([], [], color="k", marker="o", ls="", label="block (empirical)"),
+        Line2D([], [], color="k", marker="o", mfc="white", ls="", label="token-wise (empirical)")],
+        fontsize=7, frameon=False, ncol=2)
+    ax_m.set_xlabel("draft length K")
+    ax_m.set_ylabel("mean accepted drafts per round")
+    ax_m.set_title(f"V = {main}: law (lines) and empirical (points, ±2 s.e.)")
+    ax_g.legend(handles=by_acceptance + [Line2D([], [], color="k", lw=1.4, ls=styles[v], label=f"V = {v} (law)")
+                                         for v in vocabs], fontsize=7, frameon=False, ncol=2)
+    ax_g.axhline(0, color=LAW_COLOR, lw=0.8)
+    ax_g.set_xlabel("draft length K")
+    ax_g.set_ylabel("block − token-wise accepted drafts per round")
+    ax_g.set_title("gain of block verification (points: paired rounds, ±2 s.e.)")
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig, path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

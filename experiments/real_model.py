@@ -12,6 +12,8 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``hf_sample``            plain ``generate(do_sample=True)`` with the same warping
 - ``sv_sample_lookup``     specverify sampling, prompt-lookup draft (``accept(p, None, t)``)
 - ``sv_sample_ee``         specverify sampling, early-exit draft
+- ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
+                           more tokens per target pass from the same stochastic draft
 
 and reports tokens/s, tokens per target pass ("per round"), acceptance and the time split
 (draft / target / verify / other). Results go to ``results/real_model/real_model.csv`` (with
@@ -52,7 +54,7 @@ PROMPTS = {
     "open": "Write a short story about a robot who learns to paint.",
 }
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_ee",
-           "hf_sample", "sv_sample_lookup", "sv_sample_ee"]
+           "hf_sample", "sv_sample_lookup", "sv_sample_ee", "sv_sample_ee_block"]
 FIELDS = ["config", "prompt", "mode", "draft", "k", "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
           "other_s", "verify_share"]
@@ -115,7 +117,8 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p):
         draft_step, target_step = speculative_callbacks(
             model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), **sample)
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=row["k"], greedy=greedy,
-                                    generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos)
+                                    generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos,
+                                    method="block" if config.endswith("_block") else "token")
         t0 = time.perf_counter()
         out = dec.generate(prompt_ids, p["max_new"])
         seconds = time.perf_counter() - t0

@@ -112,6 +112,41 @@ def default_executor(workers: int | None = None) -> cf.Executor:
     return cf.ProcessPoolExecutor(max_workers=workers or 2, mp_context=multiprocessing.get_context("spawn"))
 
 
+def run_cells(fn, all_params: list, cache: list, *, executor: cf.Executor | None = None,
+              workers: int | None = None, force: bool = False, progress: bool = False):
+    """``fn(params)`` for every parameter set, each result cached as JSON at its ``cache`` path.
+
+    Returns ``(rows, computed indices)``; cached rows are read, not recomputed (unless ``force``).
+    ``executor``: any ``concurrent.futures.Executor``; ``None`` makes a process pool of ``workers``
+    (default 2) for the missing cells and shuts it down afterwards.
+    """
+    rows: list = [None] * len(all_params)
+    todo = []
+    for i, path in enumerate(cache):
+        if not force and path.exists():
+            rows[i] = paths.read_json(path)["row"]
+        else:
+            todo.append(i)
+    if todo:
+        own = executor is None
+        ex = default_executor(workers) if own else executor
+        try:
+            futures = {ex.submit(fn, all_params[i]): i for i in todo}
+            done = cf.as_completed(futures)
+            if progress:
+                from tqdm.auto import tqdm
+
+                done = tqdm(done, total=len(futures), desc="cells", unit="cell")
+            for fut in done:
+                i = futures[fut]
+                rows[i] = fut.result()
+                paths.write_json(cache[i], {"params": all_params[i], "row": rows[i]})
+        finally:
+            if own:
+                ex.shutdown()
+    return rows, todo
+
+
 def run_sweep(grid: dict = GRID, rounds: int = ROUNDS, seed: int = SEED, *, family=None,
               temperature: float = synthetic.TEMPERATURE, greedy: bool = False, variant: str = "correct",
               alpha: float = ALPHA, executor: cf.Executor | None = None, workers: int | None = None,
@@ -127,31 +162,9 @@ def run_sweep(grid: dict = GRID, rounds: int = ROUNDS, seed: int = SEED, *, fami
     all_params = [cell_params(c, rounds, seed, family=family, temperature=temperature, greedy=greedy,
                               variant=variant) for c in cells(grid)]
     cache = [root / EXPERIMENT / "cells" / f"{paths.params_key('sweep-cell', p)}.json" for p in all_params]
-    rows: list = [None] * len(all_params)
-    todo = []
-    for i, path in enumerate(cache):
-        if not force and path.exists():
-            rows[i] = paths.read_json(path)["row"]
-        else:
-            todo.append(i)
     t0 = time.perf_counter()
-    if todo:
-        own = executor is None
-        ex = default_executor(workers) if own else executor
-        try:
-            futures = {ex.submit(run_cell, all_params[i]): i for i in todo}
-            done = cf.as_completed(futures)
-            if progress:
-                from tqdm.auto import tqdm
-
-                done = tqdm(done, total=len(futures), desc="sweep cells", unit="cell")
-            for fut in done:
-                i = futures[fut]
-                rows[i] = fut.result()
-                paths.write_json(cache[i], {"params": all_params[i], "row": rows[i]})
-        finally:
-            if own:
-                ex.shutdown()
+    rows, todo = run_cells(run_cell, all_params, cache, executor=executor, workers=workers, force=force,
+                           progress=progress)
     wall = time.perf_counter() - t0
     table = pd.DataFrame(rows)
     front = ["k", "vocab", "acceptance", "knob", "acc_law_mean", "acc_emp_mean", "rounds", "law_mean",

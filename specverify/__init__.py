@@ -3,6 +3,7 @@
     import specverify as sv
     n_accepted, next_token = sv.verify_greedy(target_probs, draft_tokens)          # greedy
     n_accepted, next_token = sv.accept(target_probs, draft_probs, draft_tokens, g)  # sampling
+    n_accepted, next_token = sv.accept_block(target_probs, draft_probs, draft_tokens, g)  # block
     path, next_token = sv.accept_tree(target_probs, draft_probs, draft_tokens, parents, g)  # trees
 
 ``sv.law`` holds the analytic law of rejection sampling, ``sv.reference`` slow NumPy references
@@ -10,8 +11,8 @@ that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/veri
 """
 
 from . import law, reference, reference_tree, stats
-from .ops import (accept, accept_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_greedy,
-                  verify_tree_greedy)
+from .ops import (accept, accept_block, accept_block_from_uniforms, accept_from_uniforms, accept_tree,
+                  accept_tree_from_uniforms, verify_greedy, verify_tree_greedy)
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,8 @@ __all__ = [
     "verify_greedy",
     "accept",
     "accept_from_uniforms",
+    "accept_block",
+    "accept_block_from_uniforms",
     "verify_tree_greedy",
     "accept_tree",
     "accept_tree_from_uniforms",

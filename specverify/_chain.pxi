@@ -132,16 +132,25 @@ cdef object _verify_greedy_entry(object target_probs, object draft_tokens, bint 
 
 def accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
     """See specverify.accept / specverify.accept_from_uniforms (uniforms given: no generator)."""
-    return _accept_entry(target_probs, draft_probs, draft_tokens, generator, uniforms, True)
+    return _sampling_entry(_accept, target_probs, draft_probs, draft_tokens, generator, uniforms, True)
 
 
 def convert_only_accept(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
     """accept without its kernel: the argument handling and uniform draws alone (benchmark)."""
-    return _accept_entry(target_probs, draft_probs, draft_tokens, generator, uniforms, False)
+    return _sampling_entry(_accept, target_probs, draft_probs, draft_tokens, generator, uniforms, False)
 
 
-cdef object _accept_entry(object target_probs, object draft_probs, object draft_tokens,
-                          object generator, object uniforms, bint run):
+# A sampling verifier over validated rows: (target, target_stride, draft or NULL, draft_stride,
+# tokens, k, v, uniforms [K+1], &n_accepted, &next_token, &bad_row) -> status.
+ctypedef int (*SamplingKernel)(const float*, Py_ssize_t, const float*, Py_ssize_t, const int64_t*,
+                               Py_ssize_t, Py_ssize_t, const double*, Py_ssize_t*, int64_t*,
+                               Py_ssize_t*) noexcept nogil
+
+
+cdef object _sampling_entry(SamplingKernel kernel, object target_probs, object draft_probs,
+                            object draft_tokens, object generator, object uniforms, bint run):
+    """The entry of every sampling verifier (accept, accept_block): the same readers, checks, K + 1
+    uniforms and error messages, then ``kernel`` without the GIL."""
     cdef _Held held = _Held()
     cdef Rows target, draft
     cdef const int64_t* tokens
@@ -161,10 +170,8 @@ cdef object _accept_entry(object target_probs, object draft_probs, object draft_
     if not run:
         return None
     with nogil:
-        status = _accept(<const float*> target.data, target.stride, <const float*> draft.data,
-                         draft.stride, tokens, k, target.cols, u, &n_accepted, &next_token,
-                         &bad_row)
+        status = kernel(<const float*> target.data, target.stride, <const float*> draft.data,
+                        draft.stride, tokens, k, target.cols, u, &n_accepted, &next_token, &bad_row)
     if status != OK:
         _raise_status(status, bad_row, target_probs, draft_probs)
     return n_accepted, next_token
-

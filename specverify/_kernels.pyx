@@ -6,8 +6,8 @@
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
 - one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
-  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``), holding
-  its nogil kernels and its entry points.
+  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``),
+  holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
 one extension module rather than one each: Cython links separate modules through imports by
@@ -33,6 +33,7 @@ from ._primitives cimport *
 include "_args.pxi"
 include "_chain.pxi"
 include "_tree.pxi"
+include "_block.pxi"
 
 
 def block_size():

@@ -61,7 +61,9 @@ Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are
 same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
 are not what a draft-side policy needs.
 
-Greedy verification is exact for any proposal at all (it emits the target's argmax), so these
+Block verification (``SpeculativeDecoder(method="block")``) keeps its exactness under the same
+condition (VERIFY_ALGORITHMS.md section F, verified by enumeration there; the decoder's joint-law
+test runs it with an adaptive K and the stop). Greedy verification is exact for any proposal at all (it emits the target's argmax), so these
 questions only concern speculative sampling.
 """
 

@@ -5,9 +5,10 @@ A round of speculative decoding (Leviathan, Kalman & Matias 2023; Chen et al. 20
 1. the *draft* proposes ``k`` tokens ``t_0 .. t_{k-1}`` after the current sequence;
 2. the *target* scores all of them in one pass, returning ``k + 1`` next-token rows, row ``i``
    for the position after ``prefix + t[:i]``;
-3. the verifier (:func:`specverify.verify_greedy` or :func:`specverify.accept`) keeps an
-   *accepted* prefix ``t[:n]`` and emits one more token: the *recovered* (residual) token at
-   the first rejection, or the *bonus* token drawn from row ``k`` when all ``k`` were accepted.
+3. the verifier (:func:`specverify.verify_greedy`, :func:`specverify.accept` or
+   :func:`specverify.accept_block`) keeps an *accepted* prefix ``t[:n]`` and emits one more
+   token: the *recovered* (residual) token after the accepted prefix, or the *bonus* token drawn
+   from row ``k`` when all ``k`` were accepted.
 
 Every round therefore *emits* ``n + 1`` tokens. Greedy verification reproduces plain greedy
 decoding of the target token for token; speculative sampling preserves the target's joint law
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
-from .ops import accept, verify_greedy
+from .ops import accept, accept_block, verify_greedy
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
 
@@ -136,8 +137,12 @@ class SpeculativeDecoder:
         ``probs`` is a point mass, confidence 1). Policies that only see the draft side and
         past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
-        ``True``: :func:`specverify.verify_greedy`. ``False``: :func:`specverify.accept`
-        (speculative sampling).
+        ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
+        as ``method`` says.
+    method : {"token", "block"}
+        Sampling verifier: ``"token"`` (:func:`specverify.accept`, token by token) or ``"block"``
+        (:func:`specverify.accept_block`, block verification: same output law, never fewer
+        accepted tokens on average). Ignored in greedy mode.
     generator : torch.Generator or numpy.random.Generator, optional
         Source of the verification uniforms in sampling mode (``None``: torch's default
         generator). The draft's own sampling randomness belongs to ``draft_step``.
@@ -161,6 +166,7 @@ class SpeculativeDecoder:
         greedy: bool = True,
         generator=None,
         eos_token_id: Optional[int] = None,
+        method: str = "token",
         clock: Callable[[], float] = time.perf_counter,
     ):
         if not callable(draft_step) or not callable(target_step):
@@ -174,6 +180,8 @@ class SpeculativeDecoder:
                 raise ValueError(f"k must be a positive integer, got {k!r}")
             k = FixedK(int(k))
         self.policy = k
+        if method not in self.METHODS:
+            raise ValueError(f"method must be one of {sorted(self.METHODS)}, got {method!r}")
         self.draft_step = draft_step
         self.target_step = target_step
         self.k = int(k.k_max)
@@ -181,15 +189,18 @@ class SpeculativeDecoder:
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.method = method
         self.clock = clock
         self.stats = DecodeStats(k=self.k)
+
+    METHODS = {"token": accept, "block": accept_block}  # sampling verifiers by name
 
     # -- verification (the only place the ops are called; subclasses may override) --------
     def _verify(self, target_probs, draft_probs, tokens: torch.Tensor) -> Tuple[int, int]:
         # target_probs [m+1, V], draft_probs [m, V] or None, tokens [m]
         if self.greedy:
             return verify_greedy(target_probs, tokens)
-        return accept(target_probs, draft_probs, tokens, generator=self.generator)
+        return self.METHODS[self.method](target_probs, draft_probs, tokens, generator=self.generator)
 
     def _draft(self, prefix: torch.Tensor, m: int):
         """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule."""

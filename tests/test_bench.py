@@ -62,7 +62,7 @@ def test_csv_structure(quick_run):
             assert np.isfinite(float(r[col])) and float(r[col]) > 0, (col, r)
         assert float(r["min_us"]) <= float(r["median_us"])
         if r["case"] == "worst":   # the forced paths
-            n = k if r["op"] == "verify_greedy" else k - 1
+            n = bench.WORST_N_ACCEPTED[r["op"]](k)
             assert float(r["n_accepted_mean"]) == n
             assert float(r["bytes_mean"]) == bi.bytes_read(r["op"], v, k, n)
         if r["impl"] == "floor":
@@ -137,12 +137,19 @@ def test_forced_cases_and_agreement(seed):
     assert bi.numpy_accept(t, d, tok, u)[0] == k - 1
     assert bi.torch_accept(torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok),
                            torch.from_numpy(u))[0] == k - 1
+    tok, u = bi.worst_block_inputs(t, d)
+    assert sv.reference.accept_block(t, d, tok, u)[0] == 0
+    assert bi.numpy_accept_block(t, d, tok, u)[0] == 0
     for _ in range(10):   # realistic rounds: same accepted length everywhere
         tok, u = bi.realistic_accept_inputs(t, d, rng)
         n = sv.reference.accept(t, d, tok, u)[0]
         assert bi.numpy_accept(t, d, tok, u)[0] == n
         assert bi.torch_accept(torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok),
                                torch.from_numpy(u))[0] == n
+        n = sv.reference.accept_block(t, d, tok, u)[0]
+        assert bi.numpy_accept_block(t, d, tok, u)[0] == n
+        assert bi.torch_accept_block(torch.from_numpy(t), torch.from_numpy(d), torch.from_numpy(tok),
+                                     torch.from_numpy(u))[0] == n
 
 
 def test_realistic_draft_acceptance_near_target():
@@ -158,6 +165,7 @@ def test_bytes_read():
     assert bi.bytes_read("verify_greedy", 10, 3, 3) == 160
     assert bi.bytes_read("accept", 10, 3, 2) == 240
     assert bi.bytes_read("accept", 10, 3, 3) == 280
+    assert bi.bytes_read("accept_block", 10, 3, 0) == bi.bytes_read("accept_block", 10, 3, 3) == 280
     with pytest.raises(ValueError):
         bi.bytes_read("sample", 10, 3, 0)
 

@@ -95,6 +95,8 @@ def test_rejects_bad_arguments_and_callbacks():
     d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
     with pytest.raises(ValueError, match="k must be"):
         sv.SpeculativeDecoder(d, t, k=0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        sv.SpeculativeDecoder(d, t, k=2, method="tree")
     with pytest.raises(ValueError, match="max_new"):
         sv.SpeculativeDecoder(d, t, k=2).generate([1], max_new=-1)
     with pytest.raises(ValueError, match="draft_step returned 3 tokens, asked for at most 2"):
@@ -210,7 +212,7 @@ class BonusDropped(sv.SpeculativeDecoder):
 
 
 def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=True, torch_gen=False,
-                      short=False):
+                      short=False, method="token"):
     """Chi-square of the counts of every whole continuation against the target's exact joint law."""
     target, draft = bigram_pair(seed, vocab, lam=lam)
     g_draft, g_verify = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -218,7 +220,7 @@ def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=
         g_verify = torch.Generator().manual_seed(seed)
     # a point-mass draft (no probs) must propose deterministically: its argmax
     d, t = markov_callbacks(target, draft, g_draft, greedy=not pass_probs, pass_probs=pass_probs)
-    dec = cls(short_proposals(d) if short else d, t, k=k, greedy=False, generator=g_verify)
+    dec = cls(short_proposals(d) if short else d, t, k=k, greedy=False, generator=g_verify, method=method)
     prompt = torch.tensor([1, 2], dtype=torch.int64)
     counts = np.zeros(vocab**length, dtype=np.int64)
     rounds = 0
@@ -239,18 +241,20 @@ CASES = [  # (vocab, length, k, runs, pass_probs, torch generator)
 ]
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize("vocab,length,k,runs,pass_probs,torch_gen", CASES)
-def test_sampling_preserves_joint_law(vocab, length, k, runs, pass_probs, torch_gen):
+def test_sampling_preserves_joint_law(vocab, length, k, runs, pass_probs, torch_gen, method):
     res, rounds_per_run = continuation_test(sv.SpeculativeDecoder, vocab=vocab, length=length, k=k, runs=runs,
-                                            seed=7, pass_probs=pass_probs, torch_gen=torch_gen)
+                                            seed=7, pass_probs=pass_probs, torch_gen=torch_gen, method=method)
     assert res.dof >= 10
     assert rounds_per_run > 1.2  # continuations really span several rounds
     assert res.pvalue > ALPHA, res
 
 
-def test_short_proposals_preserve_joint_law():
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_short_proposals_preserve_joint_law(method):
     res, rounds_per_run = continuation_test(sv.SpeculativeDecoder, vocab=4, length=3, k=3, runs=4000, seed=5,
-                                            short=True)
+                                            short=True, method=method)
     assert rounds_per_run > 1.2 and res.pvalue > ALPHA, res
 
 
@@ -260,13 +264,26 @@ def test_sampling_is_seeded():
     assert a == b
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize("broken", [BonusWrongRow, ResidualFromTarget, CorrectionDropped])
-def test_law_test_rejects_broken_decoders(broken):
+def test_law_test_rejects_broken_decoders(broken, method):
     """Power check: the same test, same sizes and seed, rejects each broken rule at ALPHA."""
-    res, _ = continuation_test(broken, vocab=4, length=3, k=2, runs=4000, seed=7)
+    res, _ = continuation_test(broken, vocab=4, length=3, k=2, runs=4000, seed=7, method=method)
     assert res.pvalue < ALPHA, res
 
 
 def test_dropping_the_bonus_keeps_the_law():
     res, _ = continuation_test(BonusDropped, vocab=4, length=3, k=2, runs=4000, seed=7)
     assert res.pvalue > ALPHA, res
+
+
+def test_block_method_accepts_more_than_token_wise():
+    """Same models, same seeds: block verification emits more tokens per round (K = 4)."""
+    per_round = {}
+    for method in ("token", "block"):
+        target, draft = bigram_pair(3, 6, lam=0.3)
+        d, t = markov_callbacks(target, draft, np.random.default_rng(1))
+        dec = sv.SpeculativeDecoder(d, t, k=4, greedy=False, generator=np.random.default_rng(2), method=method)
+        dec.generate([0], max_new=3000)
+        per_round[method] = dec.stats.tokens_per_round
+    assert per_round["block"] > per_round["token"], per_round

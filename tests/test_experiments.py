@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("imageio")
 pytest.importorskip("pandas")
 
-from experiments import convergence, figures, paths, simulate, sweep, synthetic  # noqa: E402
+from experiments import block, convergence, figures, paths, simulate, sweep, synthetic  # noqa: E402
 from experiments import stats as st  # noqa: E402
 
 ALPHA = 1e-6
@@ -163,10 +163,27 @@ def test_figures_redraw_from_cached_results(tmp_path, capsys):
     assert not cached
     _, _, sweep_dir = sweep.run_sweep({"k": [1, 2], "vocab": [256], "acceptance": [0.7]}, rounds=200,
                                       executor=sweep.SerialExecutor(), results_root=res)
+    _, _, block_dir = block.run_block({"k": [1, 3], "vocab": [256], "acceptance": [0.7]}, rounds=200,
+                                      executor=sweep.SerialExecutor(), results_root=res)
     out = tmp_path / "media"
-    assert figures.main(["--results", str(res), "--out", str(out), "--sweep-dir", str(sweep_dir)]) == 0
-    for name in (paths.HERO_GIF, paths.HERO_PNG, paths.SWEEP_PNG):
+    assert figures.main(["--results", str(res), "--out", str(out), "--sweep-dir", str(sweep_dir),
+                         "--block-dir", str(block_dir)]) == 0
+    for name in (paths.HERO_GIF, paths.HERO_PNG, paths.SWEEP_PNG, paths.BLOCK_PNG):
         assert (out / name).stat().st_size > 0
     # nothing cached: figures computes nothing and says which command to run
     assert figures.main(["--results", str(tmp_path / "empty"), "--out", str(out)]) == 1
     assert "python -m experiments.convergence" in capsys.readouterr().err
+
+
+def test_block_experiment_table_and_cache(tmp_path):
+    grid = {"k": [1, 3], "vocab": [256], "acceptance": [0.7]}
+    table, summary, _ = block.run_block(grid, rounds=300, executor=sweep.SerialExecutor(), results_root=tmp_path)
+    assert summary["computed_cells"] == 2 and len(table) == 2
+    one = table[table["k"] == 1].iloc[0]
+    assert one["gain_law"] == pytest.approx(0.0, abs=1e-12) and one["gain_emp"] == 0.0  # K = 1: identical
+    three = table[table["k"] == 3].iloc[0]
+    assert three["gain_law"] > 0 and abs(three["block_z"]) < 4 and abs(three["token_z"]) < 4
+    again, summary, _ = block.run_block(grid, rounds=300, executor=sweep.SerialExecutor(), results_root=tmp_path)
+    assert summary["computed_cells"] == 0
+    cols = ["block_emp_mean", "token_emp_mean", "gain_law", "block_chi2_p"]
+    assert again[cols].equals(table[cols])

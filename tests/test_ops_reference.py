@@ -110,14 +110,22 @@ def accept_case(rng, point_mass=False):
     return target, None if point_mass else draft, tokens, uniforms
 
 
+def accepted_lengths_matching_reference(op, reference_op, rng, point_mass, cases):
+    """Run ``cases`` random accept_case inputs through the op and its reference; every result must
+    agree bit for bit.  Returns the histogram of accepted lengths ``[9]``."""
+    outcomes = np.zeros(10, dtype=int)
+    for _ in range(cases):
+        target, draft, tokens, uniforms = accept_case(rng, point_mass)
+        got = op(target, draft, tokens, uniforms)
+        assert got == reference_op(target, draft, tokens, uniforms), (target.shape, uniforms)
+        outcomes[got[0]] += 1
+    return outcomes
+
+
 @pytest.mark.parametrize("point_mass", [False, True], ids=["draft_probs", "point_mass"])
 def test_accept_matches_reference_bit_for_bit(rng, point_mass):
-    outcomes = np.zeros(10, dtype=int)
-    for _ in range(scaled(3000, 150)):
-        target, draft, tokens, uniforms = accept_case(rng, point_mass)
-        got = sv.accept_from_uniforms(target, draft, tokens, uniforms)
-        assert got == reference.accept(target, draft, tokens, uniforms), (target.shape, uniforms)
-        outcomes[got[0]] += 1
+    outcomes = accepted_lengths_matching_reference(sv.accept_from_uniforms, reference.accept, rng, point_mass,
+                                                   scaled(3000, 150))
     # The cases exercise early rejections and full acceptance alike.
     assert outcomes[0] > 0 and outcomes[1:].sum() > 0
 

@@ -58,30 +58,43 @@ def simulate(sampler, target, draft, rounds, seed, point_mass_tokens=None):
 def law_pvalues(target, draft, accepted, emitted, point_mass_tokens=None):
     """Every sub-test's p-value for a simulated run: {name: p}."""
     k = target.shape[0] - 1
-    p_hat = target.astype(np.float64) / target.astype(np.float64).sum(axis=1, keepdims=True)
     if draft is None:
+        p_hat = target.astype(np.float64) / target.astype(np.float64).sum(axis=1, keepdims=True)
         rates = p_hat[np.arange(k), point_mass_tokens] if k else np.zeros(0)
     else:
         rates = law.acceptance_rates(target, draft)
-    pmf = law.accepted_length_pmf(rates)
+    return pmf_pvalues(law.accepted_length_pmf(rates), target, accepted, emitted)
+
+
+def pmf_pvalues(pmf, target, accepted, emitted):
+    """Sub-test p-values against an accepted-length law ``pmf`` ``[K+1]`` and the target rows."""
+    k = pmf.size - 1
+    p_hat = target.astype(np.float64) / target.astype(np.float64).sum(axis=1, keepdims=True)
     pvalues = {"length": stats.chisquare_counts(np.bincount(accepted, minlength=k + 1), pmf).pvalue}
     for j in range(k + 1):
         reached = accepted >= j
         if reached.sum() >= 50:
             counts = np.bincount(emitted[reached, j], minlength=target.shape[1])
             pvalues[f"token@{j}"] = stats.chisquare_counts(counts, p_hat[j]).pvalue
-    z = stats.mean_z_score(accepted.mean(), law.mean_accepted(rates), law.var_accepted(rates), accepted.size)
+    n = np.arange(k + 1)
+    mean = float(n @ pmf)
+    z = stats.mean_z_score(accepted.mean(), mean, float((n - mean) ** 2 @ pmf), accepted.size)
     # Report the 3-standard-error rule on the same scale as the chi-square p-values.
     pvalues["mean"] = 1.0 if abs(z) <= 3.0 else 0.0
     return pvalues
 
 
+def passes(pvalues):
+    """Every chi-square test above ALPHA / (their number) (Bonferroni) and the mean within 3 s.e."""
+    chi_square = {name: p for name, p in pvalues.items() if name != "mean"}
+    threshold = ALPHA / len(chi_square)
+    return all(p > threshold for p in chi_square.values()) and pvalues["mean"] == 1.0
+
+
 def law_test_passes(sampler, target, draft, rounds=ROUNDS, seed=0, point_mass_tokens=None):
     accepted, emitted = simulate(sampler, target, draft, rounds, seed, point_mass_tokens)
     pvalues = law_pvalues(target, draft, accepted, emitted, point_mass_tokens)
-    chi_square = {name: p for name, p in pvalues.items() if name != "mean"}
-    threshold = ALPHA / len(chi_square)  # Bonferroni over the case's chi-square tests
-    return all(p > threshold for p in chi_square.values()) and pvalues["mean"] == 1.0, pvalues
+    return passes(pvalues), pvalues
 
 
 # ------------------------------------------------------------------------------------------

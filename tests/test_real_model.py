@@ -176,6 +176,28 @@ def test_prompt_lookup_beats_two_tokens_per_round_on_a_copy(smol):
     assert target_step.lm.forward_calls == dec.stats.rounds  # one target pass per round
 
 
+def recorded_early_exit(model, seed):
+    """Sampling callbacks with a 15-layer early-exit draft that record every round that drafted:
+    ``rounds`` gets ``[tokens, draft rows, target rows]`` per round."""
+    draft_step, target_step = speculative_callbacks(model, early_exit(model, 15), greedy=False,
+                                                    temperature=0.7, top_k=50,
+                                                    generator=torch.Generator().manual_seed(seed))
+    rounds = []
+
+    def draft(prefix, k):
+        tokens, probs = draft_step(prefix, k)
+        rounds.append([tokens, probs])
+        return tokens, probs
+
+    def target(prefix, proposed):
+        rows = target_step(prefix, proposed)
+        if proposed.numel():
+            rounds[-1].append(rows)
+        return rows
+
+    return draft, target, rounds
+
+
 def test_early_exit_acceptance_follows_the_law(smol):
     """Measured accepted count vs. the law, from the draft's own rows.
 
@@ -185,22 +207,7 @@ def test_early_exit_acceptance_follows_the_law(smol):
     ``a_i`` sums to a zero-mean martingale with variance ``sum a_i (1 - a_i)``: |z| < 4.
     """
     model, tok = smol
-    draft_step, target_step = speculative_callbacks(model, early_exit(model, 15), greedy=False,
-                                                    temperature=0.7, top_k=50,
-                                                    generator=torch.Generator().manual_seed(3))
-    rounds = []
-
-    def draft(prefix, k):
-        tokens, probs = draft_step(prefix, k)
-        rounds.append([probs])
-        return tokens, probs
-
-    def target(prefix, proposed):
-        rows = target_step(prefix, proposed)
-        if proposed.numel():
-            rounds[-1].append(rows)
-        return rows
-
+    draft, target, rounds = recorded_early_exit(model, seed=3)
     dec = sv.SpeculativeDecoder(draft, target, k=3, greedy=False, generator=torch.Generator().manual_seed(4))
     texts = ["Write a short story about a robot who learns to paint.", "Explain why the sky is blue."]
     measured = predicted = variance = 0.0
@@ -211,7 +218,7 @@ def test_early_exit_acceptance_follows_the_law(smol):
         st = dec.stats
         full = [(n, m) for n, m in zip(st.accepted, st.drafted) if m > 0]
         assert len(full) == len(rounds)
-        for (q, p), (n, m) in zip(rounds, full):
+        for (_, q, p), (n, m) in zip(rounds, full):
             a = sv.law.acceptance_rates(p, q)[: min(n + 1, m)]
             measured += n
             predicted += float(a.sum())
@@ -239,3 +246,37 @@ def test_sampling_is_reproducible_with_a_seed(smol):
         first = run(draft, 7)
         assert run(draft, 7) == first
         assert len(first[0]) > prompt.numel()
+
+
+def test_block_verification_accepts_as_its_law_predicts(smol):
+    """Block verification on the real model, early-exit draft, K = 4.
+
+    Given a round's drafted path, ``sum_i p_i(X^i)`` (the capped cumulative ratios along it,
+    ``sv.law.block_survival`` of the path's rows) is an unbiased estimate of ``E[tau]`` (shared
+    notes A.3), so measured accepted minus that sum has mean zero over rounds; its spread is
+    estimated from the rounds themselves: |z| < 4.  Rounds cut short by ``max_new`` are skipped.
+    """
+    model, tok = smol
+    draft, target, rounds = recorded_early_exit(model, seed=5)
+    k = 4
+    dec = sv.SpeculativeDecoder(draft, target, k=k, greedy=False, generator=torch.Generator().manual_seed(6),
+                                method="block")
+    diffs = []
+    for text in ["Write a short story about a robot who learns to paint.", "Explain why the sky is blue."]:
+        rounds.clear()
+        dec.generate(chat(tok, text), 28)
+        st = dec.stats
+        full = [n for n, m in zip(st.accepted, st.drafted) if m > 0]
+        for (tokens, q, p), n, m in zip(rounds, full, [m for m in st.drafted if m > 0]):
+            if m < k:
+                continue
+            q, p = np.asarray(q, dtype=np.float64), np.asarray(p, dtype=np.float64)
+            q, p = q / q.sum(axis=1, keepdims=True), p / p.sum(axis=1, keepdims=True)
+            survival = [1.0]
+            for i, t in enumerate(np.asarray(tokens)):
+                survival.append(min(1.0, survival[-1] * p[i, t] / q[i, t]) if q[i, t] > 0 else 1.0)
+            diffs.append(n - sum(survival[1:]))
+    diffs = np.array(diffs)
+    z = diffs.sum() / math.sqrt((diffs ** 2).sum())
+    print(f"block, early exit: {diffs.size} full rounds, mean accepted - law {diffs.mean():+.3f}, z = {z:.2f}")
+    assert diffs.size >= 10 and abs(z) < 4.0

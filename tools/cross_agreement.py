@@ -13,7 +13,8 @@ between builds would flip a result.  ``run`` records ``(n_accepted, next_token)`
 ``verify_greedy``, ``accept_from_uniforms`` with the draft probs, and with ``draft_probs=None``,
 and of the tree ops on the same rows read as a tree (``tree_parents``; the accepted path encoded
 as one integer): ``verify_tree_greedy`` and ``accept_tree_from_uniforms`` with deterministic
-children and with and without replacement (exceptions are recorded as their type).  ``compare``
+children and with and without replacement, and ``accept_block_from_uniforms`` with the draft
+probs and with ``draft_probs=None`` (exceptions are recorded as their type).  ``compare``
 requires exact equality of every pair.
 
 Runs under the host Python and under the emulated Debian python3 (NumPy >= 1.22, stdlib only).
@@ -27,7 +28,8 @@ import time
 import numpy as np
 
 SEED = 20261129
-OPS = ("verify_greedy", "accept", "accept_none", "tree_greedy", "tree_none", "tree_without", "tree_with")
+OPS = ("verify_greedy", "accept", "accept_none", "tree_greedy", "tree_none", "tree_without", "tree_with",
+       "block", "block_none")
 VOCABS = (1, 2, 3, 15, 16, 17, 31, 255, 256, 257, 300, 511, 512, 513, 1000, 4096, 4111, 32000, 50257)
 BIG_VOCABS = (128256, 151936)
 
@@ -273,6 +275,8 @@ def run(cases_path):
             lambda: _tree_result(*sv.accept_tree_from_uniforms(t, None, tk, parents, u)),
             lambda: _tree_result(*sv.accept_tree_from_uniforms(t, td, tk, parents, u)),
             lambda: _tree_result(*sv.accept_tree_from_uniforms(t, td, tk, parents, u, replacement=True)),
+            lambda: sv.accept_block_from_uniforms(t, d, k, u),
+            lambda: sv.accept_block_from_uniforms(t, None, k, u),
         )
         for j, call in enumerate(calls):
             try:

@@ -1,0 +1,153 @@
+# Block verification (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, ICLR 2025), included
+# by _kernels.pyx.
+#
+# The kernel is a pure function of validated float32 rows and K + 1 explicit uniforms; it sums in
+# the documented order (``specverify._primitives``) through the shared primitives, so
+# ``specverify.reference.accept_block`` reproduces it bit for bit.  The math and the edges are
+# stated in ``specverify.ops.accept_block``.
+#
+# Reads: one fused pass (mass + validation) over every target row 0..K and draft row 0..K-1, in
+# order, whatever the uniforms (so a bad row always raises); then residual passes over row pairs
+# K-1, K-2, ... only as far down as the decision needs (down to tau; none when coin K passes; each
+# pass's block sums serve the final draw when it decides tau).  The final draw scans one block.
+#
+
+cdef int _accept_block(const float* target, Py_ssize_t target_stride, const float* draft,
+                       Py_ssize_t draft_stride, const int64_t* tokens, Py_ssize_t k, Py_ssize_t v,
+                       const double* uniforms, Py_ssize_t* n_accepted, int64_t* next_token,
+                       Py_ssize_t* bad_row) noexcept nogil:
+    """Block verification over validated rows; ``draft`` NULL means a one-hot draft.
+
+    target: [K+1, v] rows ``target_stride`` floats apart; draft: [K, v] or NULL; tokens: [K] in
+    [0, v); uniforms: [K+1].  Outputs n_accepted (tau) and next_token; on a bad row returns its
+    status and sets bad_row.
+
+    Forward, every row once: masses, validation, the capped ratios p_1..p_K.  Then tau is found
+    from the top (the largest passing coin): coin K needs nothing more; coin i < K needs Z_i, one
+    residual pass over row pair i, made only when every coin above i has failed.  The pass that
+    decides tau also gives the block sums of the final draw, so rows tau..K-1 get one residual
+    pass each (none if tau = K).
+    """
+    cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
+    # [K+1, n_blocks] target block sums, [n_blocks] residual block sums (row tau's at the end),
+    # [n_blocks] draft scratch, then per row: masses P_i, Q_i and capped ratios p_0..p_K.
+    cdef double* memory = <double*> malloc(((k + 3) * n_blocks + 3 * k + 2) * sizeof(double))
+    cdef double* target_blocks = memory
+    cdef double* residual_blocks = target_blocks + (k + 1) * n_blocks
+    cdef double* draft_blocks = residual_blocks + n_blocks
+    cdef double* p_mass = draft_blocks + n_blocks
+    cdef double* q_mass = p_mass + k + 1
+    cdef double* survival = q_mass + k
+    cdef const float* p
+    cdef const float* q
+    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, remainder
+    cdef uint32_t p_bits = 0, q_bits = 0
+    cdef Py_ssize_t i, t, tau, b, start
+    cdef int status = OK
+    if memory == NULL:
+        return NO_MEMORY
+    survival[0] = 1.0
+    for i in range(k + 1):
+        p = target + i * target_stride
+        q = draft + i * draft_stride if draft != NULL and i < k else NULL
+        p_mass[i] = _row_mass(p, v, target_blocks + i * n_blocks, &p_bits)
+        q_bits = 0
+        if i < k:
+            q_mass[i] = _row_mass(q, v, draft_blocks, &q_bits) if q != NULL else 1.0
+        bad_row[0] = i
+        if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
+            status = BAD_TARGET_VALUES
+        elif q_bits >= FLOAT_INF_BITS and not _all_valid(q, v):
+            status = BAD_DRAFT_VALUES
+        elif not p_mass[i] > 0.0:
+            status = ZERO_TARGET_MASS
+        elif i < k and not q_mass[i] > 0.0:
+            status = ZERO_DRAFT_MASS
+        if status != OK:
+            free(memory)
+            return status
+        if i < k:
+            # p_{i+1} = min(1, c / d), c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step)
+            t = tokens[i]
+            c = survival[i] * (<double> p[t] * q_mass[i])
+            d = (<double> q[t] if q != NULL else 1.0) * p_mass[i]
+            survival[i + 1] = 0.0 if c == 0.0 else (1.0 if c >= d else c / d)
+
+    # tau: the largest i whose coin passes.  Coin K: u < p_K, tested as accept tests it.
+    tau = k
+    if k > 0 and not uniforms[k - 1] * d < c:
+        tau = 0
+        for i in range(k - 1, 0, -1):
+            if survival[i] == 0.0:  # h_i = 0
+                continue
+            if survival[i] >= 1.0:  # h_i = 1
+                tau = i
+                break
+            residual_mass = _row_residual(target, target_stride, draft, draft_stride, tokens, v, i,
+                                          p_mass[i], q_mass[i], survival[i], target_blocks,
+                                          residual_blocks)
+            # u < h_i = Z_i / (Z_i + 1 - p_i) with Z_i = p_i * W_i / P_i, times P_i
+            passed = survival[i] * residual_mass
+            if uniforms[i - 1] * (passed + (1.0 - survival[i]) * p_mass[i]) < passed:
+                tau = i
+                break
+        if survival[tau] >= 1.0:  # tau decided without its residual (p_0 = 1 too): the draw needs it
+            residual_mass = _row_residual(target, target_stride, draft, draft_stride, tokens, v, tau,
+                                          p_mass[tau], q_mass[tau], survival[tau], target_blocks,
+                                          residual_blocks)
+    n_accepted[0] = tau
+    p = target + tau * target_stride
+    if tau == k or not residual_mass > 0.0:
+        # The bonus row, or a residual empty after rounding (only reachable through rounding:
+        # p_tau * P_tau <= Q_tau everywhere): row tau itself, as accept does.
+        next_token[0] = _sample_target(p, v, target_blocks + tau * n_blocks, p_mass[tau], uniforms[k])
+    else:
+        b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+        start = b * BLOCK
+        if draft != NULL:
+            next_token[0] = _scan_residual_block(p, draft + tau * draft_stride, start, min(start + BLOCK, v),
+                                                 p_mass[tau] / (survival[tau] * q_mass[tau]), remainder)
+        else:
+            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, tokens[tau])
+    free(memory)
+    return OK
+
+
+cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, const float* draft,
+                                 Py_ssize_t draft_stride, const int64_t* tokens, Py_ssize_t v,
+                                 Py_ssize_t i, double p_mass, double q_mass, double survival,
+                                 const double* target_blocks, double* residual_blocks) noexcept nogil:
+    """W_i, and the block sums of row pair i's residual into residual_blocks [n_blocks]: weights
+    max(0, p - q * P / (p_i * Q)) (accept's residual, its mass ratio divided by p_i > 0).
+
+    A one-hot draft (``draft`` NULL) on t: the weights are row i with p[t] counted as 0 (any
+    positive ratio zeroes it), so the target's block sums (target_blocks, [K+1, n_blocks]) are
+    reused and only t's block is summed again.
+    """
+    cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, b, t = tokens[i]
+    cdef const float* p = target + i * target_stride
+    cdef double total = 0.0
+    if draft != NULL:
+        return _residual_block_sums(p, draft + i * draft_stride, v, p_mass / (survival * q_mass),
+                                    residual_blocks)
+    for b in range(n_blocks):
+        residual_blocks[b] = target_blocks[i * n_blocks + b]
+    b = t // BLOCK
+    residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
+    for b in range(n_blocks):
+        total += residual_blocks[b]
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points: the same readers, checks and uniforms as accept (_sampling_entry, _chain.pxi).
+# ---------------------------------------------------------------------------------------------
+
+def accept_block(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
+    """See specverify.accept_block / specverify.accept_block_from_uniforms."""
+    return _sampling_entry(_accept_block, target_probs, draft_probs, draft_tokens, generator, uniforms, True)
+
+
+def convert_only_accept_block(target_probs, draft_probs, draft_tokens, generator=None, uniforms=None):
+    """accept_block without its kernel: the argument handling and uniform draws alone (benchmark)."""
+    return _sampling_entry(_accept_block, target_probs, draft_probs, draft_tokens, generator, uniforms, False)
