@@ -206,15 +206,6 @@ class AdaptiveStopDecoder(PolicyDecoder):
     make_policy = staticmethod(lambda: adaptive_policy(confidence_threshold=0.4))
 
 
-class BlockAdaptiveStopDecoder(PolicyDecoder):
-    """The adaptive K and the stop with block verification (method="block")."""
-
-    make_policy = staticmethod(lambda: adaptive_policy(confidence_threshold=0.4))
-
-    def __init__(self, draft_step, target_step, k, **kw):
-        super().__init__(draft_step, target_step, k, method="block", **kw)
-
-
 class ConfidenceStopDecoder(PolicyDecoder):
     make_policy = staticmethod(lambda: FixedK(3, confidence_threshold=0.4))
 
@@ -253,11 +244,13 @@ class DropsLowConfidence(PolicyDecoder):
 LAW_CASES = [(4, 3, 3000), (3, 5, 3000)]  # (vocab, length, runs)
 
 
-@pytest.mark.parametrize("cls", [PolicyDecoder, AdaptiveStopDecoder, ConfidenceStopDecoder, BlockAdaptiveStopDecoder],
+@pytest.mark.parametrize("cls,method", [(PolicyDecoder, "token"), (AdaptiveStopDecoder, "token"),
+                                        (ConfidenceStopDecoder, "token"), (AdaptiveStopDecoder, "block")],
                          ids=["adaptive_k", "adaptive_k+stop", "confidence_stop", "block+adaptive_k+stop"])
 @pytest.mark.parametrize("vocab,length,runs", LAW_CASES)
-def test_policies_preserve_joint_law(cls, vocab, length, runs):
-    res, rounds_per_run = continuation_test(cls, vocab=vocab, length=length, k=None, runs=runs, seed=7)
+def test_policies_preserve_joint_law(cls, method, vocab, length, runs):
+    res, rounds_per_run = continuation_test(cls, vocab=vocab, length=length, k=None, runs=runs, seed=7,
+                                            method=method)
     assert rounds_per_run > 1.2 and res.dof >= 10
     assert res.pvalue > ALPHA, res
 
