@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import bench_impls as bi
+from . import bench_batch, bench_impls as bi
 from . import bench_tree
 
 # ---------------------------------------------------------------------------------------------
@@ -84,12 +84,21 @@ OP_FUNCTIONS = {
 CASES = ("realistic", "worst")
 CACHES = ("warm", "cold")
 IMPLS = ("specverify", "torch", "numpy")
+# Warping rows: one row of logits per call, warm; (name, settings) per mode.
+WARP_MODES = (("temperature 0.7", dict(temperature=0.7)), ("top-k 50", dict(top_k=50)),
+              ("top-p 0.9", dict(top_p=0.9)), ("top-k 50 + top-p 0.9", dict(top_k=50, top_p=0.9)),
+              ("min-p 0.05", dict(min_p=0.05)))
+WARP_IMPLS = ("specverify", "torch", "transformers")
+WARP_CSV_NAME = "warp.csv"
+WARP_FIELDS = ("V", "mode", "impl", "min_us", "median_us", "speedup_vs_torch", "speedup_vs_transformers",
+               "ratio_to_floor_min", "calls")
 OVERHEAD_V, OVERHEAD_K = 8, 4
 
 FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000,
             realistic_pool=32, probe_reps=15, probe_budget_s=0.4, probe_min_total=8 << 20,
-            overhead_budget_s=1.0, tree_budget_s=40.0, tree_sizes=bench_tree.TREE_SIZES)
-QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000,
+            overhead_budget_s=1.0, tree_budget_s=40.0, tree_sizes=bench_tree.TREE_SIZES,
+            warp_sizes=(32000, 49152, 128256), warp_rows=8)
+QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000, warp_sizes=(4096,), warp_rows=2,
              realistic_pool=8, probe_reps=3, probe_budget_s=0.02, probe_min_total=1 << 20,
              overhead_budget_s=0.05, cold_bytes=4 << 20, tree_budget_s=0.5, tree_sizes=((4096, 16),))
 
@@ -508,6 +517,57 @@ def run_sweep(sizes, settings, sv, seed, log=print):
     return rows, probe
 
 
+def run_warp_sweep(settings, sv, probe, seed, log=print):
+    """Warping rows: per (V, mode), sv.warp vs the sort-based torch warp vs transformers' warpers
+    on model-like rows (bench_impls.model_like_logits; settings["warp_rows"] of them cycled),
+    each call one [1, V] tensor row, warm; V in settings["warp_sizes"]; floor = reading the
+    row's 4 V bytes at the warm read bandwidth."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for v in settings["warp_sizes"]:
+        pool = [torch.from_numpy(r[None, :]) for r in bi.model_like_logits(v, settings["warp_rows"], rng)]
+        floor_us = probe.floor_ns("warm", 4 * v) / 1e3
+        for mode, kw in WARP_MODES:
+            fns = {"torch": lambda x, kw=kw: bi.torch_warp(x, **kw),
+                   "transformers": lambda x, kw=kw: bi.transformers_warp(x, **kw)}
+            if sv is not None:
+                fns = {"specverify": lambda x, kw=kw: sv.warp(x, **kw), **fns}
+            timings = time_round_robin(fns, {name: [(x,) for x in pool] for name in fns},
+                                       settings["budget_s"] / 15, settings)
+            group = {name: dict(V=v, mode=mode, impl=name, min_us=t.min_us, median_us=t.median_us,
+                                calls=t.calls) for name, t in timings.items()}
+            group["floor"] = dict(V=v, mode=mode, impl="floor", min_us=floor_us, median_us=floor_us, calls=0)
+            for g in group.values():
+                g["ratio_to_floor_min"] = g["min_us"] / floor_us
+                for other in ("torch", "transformers"):
+                    g[f"speedup_vs_{other}"] = group[other]["median_us"] / g["median_us"]
+            rows.extend(group.values())
+            sv_us = group["specverify"]["min_us"] if "specverify" in group else float("nan")
+            log(f"  warp V={v:>6} {mode:<22} specverify {sv_us:8.1f} µs, torch "
+                f"{group['torch']['median_us']:8.1f}, transformers {group['transformers']['median_us']:8.1f}, "
+                f"floor {floor_us:6.1f}")
+    return rows
+
+
+def warp_table(rows):
+    """One line per (V, mode): specverify min/median, torch and transformers medians, floor."""
+    header = ["V", "mode", "specverify min µs", "median µs", "torch µs", "transformers µs", "× torch",
+              "× transformers", "floor µs", "÷ floor"]
+    body = []
+    for v in sorted({r["V"] for r in rows}):
+        for mode, _ in WARP_MODES:
+            by = {r["impl"]: r for r in rows if r["V"] == v and r["mode"] == mode}
+            if not by:
+                continue
+            sv = by.get("specverify")
+            body.append([str(v), mode, _fmt(sv["min_us"]) if sv else "–", _fmt(sv["median_us"]) if sv else "–",
+                         _fmt(by["torch"]["median_us"]), _fmt(by["transformers"]["median_us"]),
+                         _fmt(sv["speedup_vs_torch"]) if sv else "–",
+                         _fmt(sv["speedup_vs_transformers"]) if sv else "–",
+                         _fmt(by["floor"]["min_us"]), _fmt(sv["ratio_to_floor_min"]) if sv else "–"])
+    return _table(header, body)
+
+
 def add_ratios(group):
     by = {g["impl"]: g for g in group}
     floor = by["floor"]["min_us"]
@@ -636,7 +696,7 @@ def machine_line(meta):
             f"single thread")
 
 
-def markdown_report(rows, overhead, meta, tree_rows=()):
+def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=()):
     load = meta["load_start"], meta["load_end"]
     s = meta["settings"]
     tree = [] if not tree_rows else [
@@ -667,6 +727,12 @@ def markdown_report(rows, overhead, meta, tree_rows=()):
         summary_table(rows),
         "",
         *tree,
+        "Warping one row of model-like logits (N(0, 2.5²) plus a head of 20 tokens lifted by 6-12), "
+        "warm: `sv.warp` against the sort-based torch warp and transformers' warpers (+ softmax); "
+        "floor = reading the row once.",
+        "",
+        warp_table(warp_rows) if warp_rows else "(not run)",
+        "",
         "Python call overhead (tiny input: the kernel does almost nothing):",
         "",
         overhead_table(overhead),
@@ -733,6 +799,9 @@ def main(argv=None):
     ap.add_argument("--media-dir", type=Path, default=MEDIA_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV in --out-dir")
+    ap.add_argument("--no-batch", action="store_true", help="skip the verify_batch rows (experiments/bench_batch.py)")
+    ap.add_argument("--warp-only", action="store_true",
+                    help="only the warping rows (writes warp.csv and prints their table)")
     args = ap.parse_args(argv)
 
     if args.plot_only:
@@ -757,12 +826,26 @@ def main(argv=None):
     print(f"machine: {machine_line(meta)}")
     print(f"load: {meta['load_start']}")
     t0 = time.perf_counter()
+    if args.warp_only:
+        probe = bi.ReadProbe(settings["cold_bytes"], reps=settings["probe_reps"],
+                             budget_s=settings["probe_budget_s"], min_total=settings["probe_min_total"])
+        warp_rows = run_warp_sweep(settings, sv, probe, args.seed)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out_dir / WARP_CSV_NAME, warp_rows, WARP_FIELDS)
+        print(warp_table(warp_rows))
+        return 0
     rows, probe = run_sweep(args.sizes, settings, sv, args.seed)
+    warp_rows = run_warp_sweep(settings, sv, probe, args.seed)
     overhead = measure_overhead(sv, settings, args.seed)
     tree_rows = []
     if sv is not None and hasattr(sv, "accept_tree_from_uniforms"):
         tree_rows = bench_tree.run_tree_sweep(sv, settings, args.seed, probe, timer_overhead_ns(),
                                               time_round_robin, sizes=settings["tree_sizes"])
+    batch = None
+    if sv is not None and hasattr(sv, "verify_batch") and not args.no_batch:
+        print("batch rows (verify_batch):")
+        batch = bench_batch.run(sv, settings, args.seed, probe, time_round_robin, timer_overhead_ns(),
+                                bench_batch.QUICK_SWEEP if args.quick else bench_batch.FULL_SWEEP)
     meta.update(load_end=load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1),
                 bandwidth_GBps={f"{k[0]} {k[1]} B": round(v / 1e9, 2) for k, v in probe._cache.items()},
                 floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/bench_impls.py)")
@@ -770,11 +853,15 @@ def main(argv=None):
     args.out_dir.mkdir(parents=True, exist_ok=True)
     args.media_dir.mkdir(parents=True, exist_ok=True)
     write_csv(args.out_dir / CSV_NAME, rows, CSV_FIELDS)
+    write_csv(args.out_dir / WARP_CSV_NAME, warp_rows, WARP_FIELDS)
     write_csv(args.out_dir / OVERHEAD_CSV_NAME, overhead, ("call", "V", "K", "min_us", "median_us",
                                                             "calls"))
     write_csv(args.out_dir / bench_tree.TREE_CSV_NAME, tree_rows, bench_tree.TREE_CSV_FIELDS)
     (args.out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
-    report = markdown_report(rows, overhead, meta, tree_rows)
+    report = markdown_report(rows, overhead, meta, tree_rows, warp_rows)
+    if batch is not None:
+        bench_batch.write(args.out_dir, *batch)
+        report += "\n" + bench_batch.markdown(*batch, meta)
     (args.out_dir / MD_NAME).write_text(report)
     (args.media_dir / MD_NAME).write_text(report)
     if not args.no_plot:

@@ -465,3 +465,37 @@ def specverify_conversion_noops(sv):
         return None
     return {"verify_greedy": greedy,
             "accept_from_uniforms": lambda t, d, tok, u: accept(t, d, tok, None, u)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Warping (logits -> sampling probabilities): the sort-based torch path and transformers' warpers
+# ---------------------------------------------------------------------------------------------
+
+def torch_warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """The adapter's torch warp (sort-based top-p), plus min-p as transformers states it."""
+    from specverify.integrations.transformers import warp
+
+    probs = warp(logits, temperature, top_k, top_p)
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def transformers_warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """transformers' warpers in generate's order, then the softmax generate samples from."""
+    from specverify.integrations.transformers import transformers_warpers
+
+    return torch.softmax(transformers_warpers(temperature, top_k, top_p, min_p)(None, logits), dim=-1)
+
+
+def model_like_logits(v, rows, rng):
+    """[rows, V] float32 logits shaped like a language model's: N(0, 2.5^2) for the vocabulary,
+    plus a head of 20 tokens lifted by 6..12 (a confident next-token distribution whose top-p
+    0.9 set holds tens of tokens)."""
+    x = 2.5 * rng.standard_normal((rows, v))
+    n_head = min(20, v)
+    for r in range(rows):
+        head = rng.choice(v, n_head, replace=False)
+        x[r, head] += rng.uniform(6.0, 12.0, n_head)
+    return x.astype(np.float32)

@@ -5,14 +5,19 @@
     n_accepted, next_token = sv.accept(target_probs, draft_probs, draft_tokens, g)  # sampling
     n_accepted, next_token = sv.accept_block(target_probs, draft_probs, draft_tokens, g)  # block
     path, next_token = sv.accept_tree(target_probs, draft_probs, draft_tokens, parents, g)  # trees
+    probs = sv.warp(logits, temperature=0.7, top_p=0.9)                            # logits in
+    n_accepted, next_token = sv.accept_logits(target_logits, draft_logits, draft_tokens, g,
+                                              temperature=0.7, top_p=0.9)
 
 ``sv.law`` holds the analytic law of rejection sampling, ``sv.reference`` slow NumPy references
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
 """
 
-from . import law, reference, reference_tree, stats
-from .ops import (accept, accept_block, accept_block_from_uniforms, accept_from_uniforms, accept_tree,
-                  accept_tree_from_uniforms, verify_greedy, verify_tree_greedy)
+from . import batch, law, reference, reference_tree, reference_warp, stats
+from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
+                  accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
+                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_batch,
+                  verify_greedy, verify_tree_greedy, warp)
 
 __version__ = "0.1.0"
 
@@ -25,6 +30,13 @@ __all__ = [
     "verify_tree_greedy",
     "accept_tree",
     "accept_tree_from_uniforms",
+    "verify_batch",
+    "BATCH_METHODS",
+    "warp",
+    "accept_logits",
+    "accept_logits_from_uniforms",
+    "accept_block_logits",
+    "accept_block_logits_from_uniforms",
     "SpeculativeDecoder",
     "law",
     "reference",

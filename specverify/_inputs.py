@@ -116,19 +116,61 @@ def tokens_int64(tokens, name="draft_tokens"):
     return np.ascontiguousarray(tokens, dtype=np.int64)
 
 
-def uniforms_float64(uniforms, count, name="uniforms"):
-    """Validate explicit uniforms: ``count`` float64 values, each in [0, 1)."""
+def uniforms_float64(uniforms, count, name="uniforms", what="K + 1"):
+    """Validate explicit uniforms: ``count`` float64 values (``what`` says how many), each in [0, 1)."""
     if is_tensor(uniforms):
         uniforms = uniforms.detach().cpu().numpy()
     u = np.asarray(uniforms)
     if u.dtype.kind != "f":
         raise TypeError(f"{name} must be floating point (float64), got dtype {u.dtype}")
     if u.shape != (count,):
-        raise ValueError(f"{name} must have shape [{count}] (K + 1), got {_shape_text(u.shape)}")
+        raise ValueError(f"{name} must have shape [{count}] ({what}), got {_shape_text(u.shape)}")
     u = np.ascontiguousarray(u, dtype=np.float64)
     if not (np.all(u >= 0.0) and np.all(u < 1.0)):  # also rejects NaN
         raise ValueError(f"{name} must lie in [0, 1)")
     return u
+
+
+def batch_methods(method, n_requests, codes):
+    """Per-request method codes ``[R]`` (uint8) from a sequence of names or an integer array.
+
+    codes: ``{name: code}``; valid integer codes are ``0 .. len(codes) - 1``.
+    """
+    names = {code: name for name, code in codes.items()}
+    if is_tensor(method):
+        method = method.detach().cpu().numpy()
+    if isinstance(method, np.ndarray) and method.dtype.kind in "iu":
+        if method.shape != (n_requests,):
+            raise ValueError(f"method must have one entry per request (R = {n_requests}), got shape {_shape_text(method.shape)}")
+        bad = np.flatnonzero((method < 0) | (method >= len(codes)))
+        if bad.size:
+            r = int(bad[0])
+            raise ValueError(f"method[{r}] = {int(method[r])} is not a method code {names}")
+        return method.astype(np.uint8)
+    try:
+        method = list(method)
+    except TypeError:
+        raise TypeError(f"method must be a name, a sequence of names or an integer array, got {type(method).__name__}") from None
+    if len(method) != n_requests:
+        raise ValueError(f"method must have one entry per request (R = {n_requests}), got {len(method)}")
+    found = np.array([codes.get(name, -1) if type(name) is str else -1 for name in method], dtype=np.int16)
+    bad = np.flatnonzero(found < 0)
+    if bad.size:
+        r = int(bad[0])
+        raise ValueError(f"method[{r}] = {method[r]!r} is not one of {tuple(codes)}")
+    return found.astype(np.uint8)
+
+
+def batch_mask(mask, n_requests, name):
+    """A per-request boolean mask ``[R]`` as uint8 (bool arrays, tensors or sequences of bools)."""
+    if is_tensor(mask):
+        mask = mask.detach().cpu().numpy()
+    mask = np.asarray(mask)
+    if mask.dtype.kind != "b":
+        raise TypeError(f"{name} must hold booleans, got dtype {mask.dtype}")
+    if mask.shape != (n_requests,):
+        raise ValueError(f"{name} must have one entry per request (R = {n_requests}), got shape {_shape_text(mask.shape)}")
+    return mask.astype(np.uint8)
 
 
 def draw_uniforms(generator, count):

@@ -6,8 +6,9 @@
   draw), as ``inline`` nogil loops;
 - ``_args.pxi``: the argument readers every entry point validates through;
 - one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
-  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``),
-  holding its nogil kernels and its entry points.
+  ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``;
+  ``_batch.pxi``: ``verify_batch``;
+  ``_warp.pxi``: ``warp`` and ``accept_logits``), holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
 one extension module rather than one each: Cython links separate modules through imports by
@@ -34,6 +35,8 @@ include "_args.pxi"
 include "_chain.pxi"
 include "_tree.pxi"
 include "_block.pxi"
+include "_batch.pxi"
+include "_warp.pxi"
 
 
 def block_size():

@@ -7,10 +7,22 @@ call returns as ``next_token`` is the recovered or bonus token: the *emitted* st
 ``draft_tokens[:n_accepted] + [next_token]``.
 """
 
-from . import _kernels
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from . import _inputs, _kernels
+from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
-           "verify_tree_greedy", "accept_tree", "accept_tree_from_uniforms"]
+           "verify_tree_greedy", "accept_tree", "accept_tree_from_uniforms", "verify_batch",
+           "BATCH_METHODS", "warp", "accept_logits", "accept_logits_from_uniforms", "accept_block_logits",
+           "accept_block_logits_from_uniforms"]
+
+# Per-request verification methods of verify_batch; a method's integer code is its index here.
+BATCH_METHODS = _kernels.BATCH_METHODS
 
 
 def verify_greedy(target_probs, draft_tokens):
@@ -252,3 +264,237 @@ def accept_tree_from_uniforms(target_probs, draft_probs, draft_tokens, parents, 
     if uniforms is None:
         raise TypeError("uniforms must be the N + 1 float64 uniforms of the call, got None")
     return _kernels.accept_tree(target_probs, draft_probs, draft_tokens, parents, None, uniforms, replacement)
+
+
+def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *, method="token",
+                 has_draft_probs=None, generator=None, generators=None, uniforms=None,
+                 num_threads=None):
+    """Verify a batch of R requests in one call: ragged drafts, per-request methods and streams.
+
+    Layout (vLLM model runner V2's; ``specverify.batch`` converts vLLM V1's and FlashInfer's):
+    request ``r`` owns the draft tokens ``draft_tokens[cu[r]:cu[r+1]]`` (``K_r = cu[r+1] - cu[r]``,
+    0 allowed), the target rows ``target_probs[cu[r] + r : cu[r+1] + r + 1]`` (``K_r + 1`` rows, the
+    last its bonus row) and, when it has them, the draft rows ``draft_probs[cu[r]:cu[r+1]]``.
+    Request ``r`` gets exactly what the single-request op of its method returns on its own rows:
+
+    - ``"greedy"``: ``verify_greedy`` (target rows are scores; negative values and -inf allowed);
+    - ``"token"``: ``accept`` (token-wise speculative sampling), with the request's draft rows, or
+      a point-mass draft (``accept(p, None, t)``) when ``has_draft_probs[r]`` is False;
+    - ``"block"``: ``accept_block`` (block verification), likewise with or without draft rows.
+
+    Randomness: a sampled request uses ``K_r + 1`` float64 uniforms, exactly the single op's; a
+    greedy one uses none.  They come, concatenated in request order (``sum over sampled r of
+    K_r + 1`` in all), from exactly one of:
+
+    - ``uniforms``: given explicitly (each in ``[0, 1)``);
+    - ``generators``: a list of R generators; request ``r`` draws its ``K_r + 1`` from
+      ``generators[r]`` in one call, exactly as ``accept(..., generator=generators[r])`` would
+      (greedy requests draw nothing: their entry may be None and is never advanced);
+    - ``generator``: one generator (or None: torch's default) drawing the whole batch's uniforms
+      in one call, i.e. the same as passing ``uniforms=`` that draw.
+
+    Whatever the batch composition and the thread count, request ``r``'s output is bit for bit the
+    single-request op's on the same uniforms (tested): requests are independent, each writes
+    only its own output row, and its sums follow the fixed order of ``_primitives.pxd``.
+
+    Args:
+        target_probs: ``[sum(K_r) + R, V]`` float rows (float32 read in place, others converted).
+        draft_probs: ``[sum(K_r), V]`` float rows aligned with ``draft_tokens``, or None (every
+            sampled request has a point-mass draft).  Rows of requests that do not read them
+            (greedy, or ``has_draft_probs[r]`` False) are never read or validated.
+        draft_tokens: ``[sum(K_r)]`` integer token ids, every one in ``[0, V)`` (-1 padding is
+            rejected: a shorter draft is a smaller ``K_r``).
+        cu_num_draft_tokens: ``[R + 1]`` integer offsets: a leading 0, non-decreasing, ending at
+            ``len(draft_tokens)``.
+        method: ``"greedy"``, ``"token"`` or ``"block"`` for every request, or per request
+            ``[R]``: a sequence of those names or an integer array of codes
+            (``BATCH_METHODS.index(name)``).
+        has_draft_probs: ``[R]`` booleans, or None (all True if ``draft_probs`` is given, else all
+            False).
+        generator, generators, uniforms: the randomness, as above (at most one of them).
+        num_threads: threads to spread the requests over (at most R, at most 64): the calling
+            thread and helper threads (started once, kept) claim requests one at a time; the call
+            waits only for requests a helper has claimed, never for a helper that is late to run
+            (a fork-join barrier costs scheduler slices on a loaded machine).  1 runs on the
+            calling thread alone; so does a call made while another call holds the helpers.
+            None: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use (read once), but
+            only one thread per 2^17 target elements the batch may read (``(sum(K_r) + R) * V``):
+            waking a helper costs more than a small batch gains.
+
+    Returns:
+        ``(output_token_ids, num_accepted)``: ``[R, K_max + 1]`` int64 NumPy array (``K_max =
+        max K_r``) holding request ``r``'s emitted tokens ``draft_tokens[cu[r]:][:n] + [next]`` in
+        its row, padded with -1; and ``[R]`` int64 accepted counts ``n``.
+
+    Raises:
+        TypeError, ValueError, IndexError: as the single ops, and for offsets that do not start at
+        0, decrease, or disagree with ``draft_tokens`` or the row counts; a token outside
+        ``[0, V)`` (the message names the request and position); a generator count other than R;
+        a bad value or zero mass in a row a request reads (the message names the request and the
+        row, globally and within the request).  Nothing is returned when any request fails.
+    """
+    return _kernels.verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                                 method, has_draft_probs, generator, generators, uniforms,
+                                 num_threads)
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: True and 1 are different settings
+def _warp_settings(temperature, top_k, top_p, min_p):
+    """Validated settings as the kernel takes them: ``(scale, top_k, top_p, min_p threshold)``
+    (cached: a decoder calls with the same few settings every round; NaN never hits the cache,
+    since NaN != NaN)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature must be a real number, got {type(temperature).__name__}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be finite and > 0 (greedy decoding: verify_greedy), got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral):
+        raise TypeError(f"top_k must be an integer (0 = off), got {type(top_k).__name__}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {top_p!r}")
+    if isinstance(min_p, bool) or not isinstance(min_p, numbers.Real) or not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be a number in [0, 1] (0 = off), got {min_p!r}")
+    threshold = min_p_threshold(min_p) if min_p > 0 else np.float32(0.0)
+    return temperature_scale(temperature), min(int(top_k), 2**62), float(top_p), threshold
+
+
+def _c_rows(x, name, rows=None, cols=None):
+    """``(ndarray, original)``: validated float32 rows as a C-contiguous ndarray (a view of a
+    CPU tensor's memory where possible)."""
+    x = _inputs.float_rows(x, name, rows=rows, cols=cols)
+    array = x.numpy() if _inputs.is_tensor(x) else x
+    return np.ascontiguousarray(array), x
+
+
+def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
+    """Sampling probabilities from logits: temperature, then top-k, top-p and min-p, in O(V).
+
+    For each row ``x`` (``-inf`` entries are masks), with ``w = exp((x - max x) / temperature)``
+    (so ``w = 1`` at the maximum) and the *rank order* ``w`` descending, ties by lower token id:
+
+    - ``top_k > 0`` keeps the first ``top_k`` tokens of the rank order (exactly ``top_k``: a tie
+      at the cut is resolved by token id, where ``transformers`` keeps every tied token);
+    - ``top_p < 1`` then keeps the shortest rank-order prefix holding at least ``top_p`` of the
+      remaining mass: a token stays iff the tokens before it hold less than ``top_p`` (as
+      ``transformers.TopPLogitsWarper``);
+    - ``min_p > 0`` then keeps the tokens with ``w >= min_p`` (probability at least ``min_p``
+      times the largest, as ``transformers.MinPLogitsWarper``);
+    - the kept ``w`` are normalized: rows sum to 1 (float64) up to float32 rounding.
+
+    The most likely token (the first maximum) always stays.  ``top_k = 0``, ``top_p = 1`` and
+    ``min_p = 0`` switch the cuts off.  The float32 arithmetic (an own vectorized exp, within 1
+    ulp of exp; top-p masses in exact 2**-40 fixed point; the fixed summation order) is stated
+    in ``specverify.reference_warp``, whose sorting reference gives the same bits.  No sort: a
+    max pass, an exp pass, a radix select per cut over the weights' bits, a sum and a scaling.
+
+    Args:
+        logits: ``[n, V]`` (or ``[V]``) float scores, finite or ``-inf``; float32 is read in
+            place, other float dtypes are converted.  An ndarray or a CPU tensor.
+        temperature: finite, > 0.
+        top_k: integer >= 0.  top_p: in (0, 1].  min_p: in [0, 1].
+        out: optional float32 ``[n, V]`` (or ``[V]``) C-contiguous array or tensor to write;
+            may be ``logits`` itself (in place).
+
+    Returns:
+        float32 probabilities of the logits' shape: ``out``, else a new array (a tensor if
+        ``logits`` is one).
+
+    Raises:
+        TypeError, ValueError: bad settings (the message names the argument), non-float logits,
+            a row holding NaN or +inf, a row that is -inf everywhere, a bad ``out``.
+    """
+    scale, top_k, top_p, min_p = _warp_settings(temperature, top_k, top_p, min_p)
+    if not (_inputs.is_tensor(logits) or isinstance(logits, np.ndarray)):
+        logits = np.asarray(logits)
+    one_row = logits.ndim == 1
+    rows, converted = _c_rows(logits[None, :] if one_row else logits, "logits")
+    if out is None:
+        if _inputs.is_tensor(converted):
+            out = _inputs.loaded_torch().empty(rows.shape, dtype=converted.dtype)
+            target = out.numpy()
+        else:
+            out = target = np.empty(rows.shape, dtype=np.float32)
+        result = out[0] if one_row else out
+    else:
+        result = out
+        out = out[None, :] if one_row and getattr(out, "ndim", 0) == 1 else out
+        target = _writable_rows(out, rows.shape)
+        if np.may_share_memory(target, rows) and not (
+                target.__array_interface__["data"][0] == rows.__array_interface__["data"][0]):
+            raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
+    _kernels.warp_into(rows, target, scale, top_k, top_p, min_p)
+    return result
+
+
+def _writable_rows(out, shape):
+    """out as a writable C-contiguous float32 ndarray of ``shape`` (a view, never a copy)."""
+    if _inputs.is_tensor(out):
+        torch = _inputs.loaded_torch()
+        if out.device.type != "cpu" or out.dtype != torch.float32:
+            raise TypeError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
+        if out.requires_grad:
+            raise ValueError("out must not require grad")
+        out = out.numpy()
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError(f"out must be a float32 ndarray or tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writable")
+    return out
+
+
+def accept_logits(target_logits, draft_logits, draft_tokens, generator=None, *, temperature=1.0,
+                  top_k=0, top_p=1.0, min_p=0.0):
+    """``accept`` straight from logits: both sides warped by :func:`warp` with the same settings
+    inside the kernel module (no probability rows in Python), then verified.
+
+    Equal, given the same uniforms, to ``accept(warp(target_logits, ...), warp(draft_logits,
+    ...), draft_tokens)``; randomness as for ``accept`` (``K + 1`` float64 uniforms, one call).
+
+    Args:
+        target_logits: ``[K+1, V]`` target logits.  draft_logits: ``[K, V]`` logits the draft
+            sampled ``draft_tokens`` from *after warping them with the same settings*, or None
+            for a deterministic draft.  draft_tokens: ``[K]`` token ids.  generator: as for
+            ``accept``.  temperature, top_k, top_p, min_p: as for :func:`warp`.
+
+    Returns:
+        ``(n_accepted, next_token)`` as Python ints.
+    """
+    return _accept_logits(target_logits, draft_logits, draft_tokens, generator, None,
+                          temperature, top_k, top_p, min_p)
+
+
+def accept_logits_from_uniforms(target_logits, draft_logits, draft_tokens, uniforms, *,
+                                temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """:func:`accept_logits` with its ``K + 1`` uniforms given explicitly (float64 in [0, 1))."""
+    if uniforms is None:
+        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    return _accept_logits(target_logits, draft_logits, draft_tokens, None, uniforms,
+                          temperature, top_k, top_p, min_p)
+
+
+def accept_block_logits(target_logits, draft_logits, draft_tokens, generator=None, *, temperature=1.0,
+                        top_k=0, top_p=1.0, min_p=0.0):
+    """:func:`accept_block` straight from logits, as :func:`accept_logits` is to :func:`accept`:
+    equal, given the same uniforms, to ``accept_block(warp(target_logits, ...),
+    warp(draft_logits, ...), draft_tokens)``."""
+    return _accept_logits(target_logits, draft_logits, draft_tokens, generator, None,
+                          temperature, top_k, top_p, min_p, _kernels.accept_block_logits)
+
+
+def accept_block_logits_from_uniforms(target_logits, draft_logits, draft_tokens, uniforms, *,
+                                      temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """:func:`accept_block_logits` with its ``K + 1`` uniforms given explicitly."""
+    if uniforms is None:
+        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    return _accept_logits(target_logits, draft_logits, draft_tokens, None, uniforms,
+                          temperature, top_k, top_p, min_p, _kernels.accept_block_logits)
+
+
+def _accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms,
+                   temperature, top_k, top_p, min_p, entry=None):
+    scale, top_k, top_p, min_p = _warp_settings(temperature, top_k, top_p, min_p)
+    return (entry or _kernels.accept_logits)(target_logits, draft_logits, draft_tokens, generator,
+                                             uniforms, scale, top_k, top_p, min_p)

@@ -40,6 +40,15 @@ def test_outputs_exist(quick_run):
     assert "| V, K" in stdout and "Python call overhead" in stdout
 
 
+def test_warp_rows(quick_run):
+    out, stdout = quick_run
+    rows = bench.read_csv(out / "results" / "warp.csv")
+    modes = {mode for mode, _ in bench.WARP_MODES}
+    assert {(r["mode"], r["impl"]) for r in rows} == {(m, i) for m in modes for i in bench.WARP_IMPLS + ("floor",)}
+    assert all(float(r["min_us"]) > 0 for r in rows)
+    assert "Warping one row" in stdout
+
+
 def test_csv_structure(quick_run):
     out, _ = quick_run
     rows = list(csv.DictReader(open(out / "results" / "bench.csv")))

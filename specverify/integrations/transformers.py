@@ -9,12 +9,16 @@ Terms (as in :mod:`specverify.decoder`)::
 
 Pieces:
 
-- :func:`warp` turns logits into the sampling distribution (temperature, then top-k, then top-p,
-  the order ``transformers``' ``generate`` uses). :class:`Sampling` holds those settings and is
-  handed to *both* the target and the draft by :func:`speculative_callbacks`, so the two are warped
-  by one function with one set of parameters: speculative sampling then preserves the *warped*
-  target distribution exactly. In greedy mode the target returns raw logits (only the argmax is
-  read; a float32 softmax could merge near-ties that the logits keep apart).
+- :class:`Sampling` turns logits into the sampling distribution with :func:`specverify.warp`
+  (temperature, then top-k, top-p and min-p, the order ``transformers``' ``generate`` uses; O(V),
+  no sort). It is handed to *both* the target and the draft by :func:`speculative_callbacks`, so
+  the two are warped by one function with one set of parameters: speculative sampling then
+  preserves the *warped* target distribution exactly. In greedy mode the target returns raw
+  logits (only the argmax is read; a float32 softmax could merge near-ties that the logits keep
+  apart). :func:`warp` is the sort-based torch version, kept as the reference in tests and
+  benchmarks.
+- :class:`WarpLogitsProcessor`: the same warping as a ``transformers`` ``LogitsProcessor``, for
+  plain ``model.generate(do_sample=True, logits_processor=[...])``.
 - :class:`CachedCausalLM` keeps one KV cache per model across rounds. Each call compares the
   sequence it is asked about with the tokens the cache holds, crops the cache back to the common
   prefix (the rollback after a rejection) and feeds only the new tokens.
@@ -44,9 +48,13 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import ops
+
 __all__ = [
     "warp",
     "Sampling",
+    "WarpLogitsProcessor",
+    "transformers_warpers",
     "CachedCausalLM",
     "CausalLMTarget",
     "CausalLMDraft",
@@ -58,7 +66,8 @@ __all__ = [
 
 # -- warping ----------------------------------------------------------------------------------
 def warp(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Sampling distribution from logits: ``softmax(mask(logits / temperature))``.
+    """Sampling distribution from logits: ``softmax(mask(logits / temperature))``, in torch with
+    a sort (the reference for :func:`specverify.warp`, which :class:`Sampling` uses).
 
     ``logits`` is ``[n, V]`` (or ``[V]``); returns float32 probabilities of the same shape.
     Masking, in ``transformers``' order: ``top_k > 0`` keeps the ``top_k`` largest logits (ties
@@ -99,28 +108,64 @@ class Sampling:
 
     ``greedy=True``: rows are the raw float32 logits and the pick is their argmax (ties to the
     lowest index, as ``torch.argmax`` and :func:`specverify.verify_greedy`). Otherwise rows are
-    ``warp(logits, temperature, top_k, top_p)`` and the pick is a draw from them.
+    ``specverify.warp(logits, temperature, top_k, top_p, min_p)`` and the pick is a draw from them.
     """
 
     greedy: bool = True
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self):
-        _check_warp(self.temperature, self.top_k, self.top_p)
+        ops._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
 
     def rows(self, logits: torch.Tensor) -> torch.Tensor:
         """``[n, V]`` logits -> ``[n, V]`` float32 rows (logits if greedy, else probabilities)."""
         if self.greedy:
             return logits.float()
-        return warp(logits, self.temperature, self.top_k, self.top_p)
+        return ops.warp(logits, self.temperature, self.top_k, self.top_p, self.min_p)
 
     def pick(self, row: torch.Tensor, generator: Optional[torch.Generator] = None) -> int:
         """One token from a ``[V]`` row made by :meth:`rows`."""
         if self.greedy:
             return int(torch.argmax(row))
         return int(torch.multinomial(row, 1, generator=generator))
+
+
+def transformers_warpers(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+    """transformers' own warpers for these settings in ``generate``'s order, as one
+    ``LogitsProcessorList`` (the reference :class:`WarpLogitsProcessor` is compared with)."""
+    from transformers.generation import logits_process as lp
+
+    warpers = [lp.TemperatureLogitsWarper(float(temperature))]
+    if top_k:
+        warpers.append(lp.TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(lp.TopPLogitsWarper(top_p))
+    if min_p > 0.0:
+        warpers.append(lp.MinPLogitsWarper(min_p))
+    return lp.LogitsProcessorList(warpers)
+
+
+class WarpLogitsProcessor:
+    """:func:`specverify.warp` as a ``transformers`` ``LogitsProcessor``.
+
+    ``processor(input_ids, scores)`` returns ``log(warp(scores, ...))`` ``[batch, V]`` float32:
+    ``-inf`` for dropped tokens, and for kept ones log-probabilities whose softmax is the warped
+    distribution (up to float32 rounding). Use it in place of ``generate``'s own warpers, which
+    must then be switched off (``generate`` adds them from the generation config, whose default
+    has ``top_k=50``)::
+
+        model.generate(ids, do_sample=True, logits_processor=[WarpLogitsProcessor(top_p=0.9)],
+                       temperature=1.0, top_k=0, top_p=1.0)
+    """
+
+    def __init__(self, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0):
+        self.sampling = Sampling(greedy=False, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return torch.log(self.sampling.rows(scores.detach()))
 
 
 # -- KV-cached forward passes ------------------------------------------------------------------
@@ -339,17 +384,18 @@ def speculative_callbacks(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    min_p: float = 0.0,
     generator: Optional[torch.Generator] = None,
 ):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder`.
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
     the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). One
-    :class:`Sampling` built from ``greedy, temperature, top_k, top_p`` is shared by the target
+    :class:`Sampling` built from ``greedy, temperature, top_k, top_p, min_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
     """
-    sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):
         draft_step = CausalLMDraft(draft, sampling, generator)

@@ -1,0 +1,517 @@
+# Batched, ragged verification: many requests in one call, the GIL released, requests spread over
+# helper threads (included by _kernels.pyx after _chain.pxi and _block.pxi, whose kernels it calls
+# per request).
+#
+# Layout (vLLM model runner V2): request r owns draft tokens [cu[r], cu[r+1]) and target rows
+# [cu[r] + r, cu[r+1] + r + 1) (K_r + 1 rows, the last its bonus row); draft rows, when given, are
+# aligned with the draft tokens.  The entry copies every index it will use (cu, tokens, methods,
+# draft presence, uniforms) into the call's own memory BEFORE validating it, so a caller mutating
+# its arrays from another thread can never steer a loop that runs without bounds checks.
+# Each request writes only its own output slots, so results do not depend on the thread count or
+# the schedule.
+
+from cpython.buffer cimport PyBUF_RECORDS
+from libc.string cimport memcpy
+
+# Per-request verification methods; a method's code is its index in BATCH_METHODS.  Every
+# sampling method is a SamplingKernel (_chain.pxi) taking K_r + 1 uniforms.
+cdef enum:
+    METHOD_GREEDY = 0
+    METHOD_TOKEN = 1
+    METHOD_BLOCK = 2
+
+BATCH_METHODS = ("greedy", "token", "block")
+_METHOD_CODES = {name: code for code, name in enumerate(BATCH_METHODS)}
+
+
+cdef struct _Batch:
+    # Inputs (validated; indices are the call's own copies).
+    Py_ssize_t n_requests
+    Py_ssize_t vocab
+    Py_ssize_t width                 # K_max + 1: columns of the output
+    const float* target              # [sum K_r + R, V] rows, target_stride floats apart
+    Py_ssize_t target_stride
+    const float* draft               # [sum K_r, V] rows or NULL
+    Py_ssize_t draft_stride
+    const int64_t* cu                # [R + 1]
+    const int64_t* tokens            # [sum K_r]
+    const uint8_t* methods           # [R] METHOD_* codes
+    const uint8_t* has_draft         # [R] 1: request reads its draft rows; 0: one-hot draft
+    const int64_t* uniform_start     # [R + 1] request r's uniforms are [start[r], start[r+1])
+    const double* uniforms
+    # Outputs, one slot (row) per request.
+    int64_t* output                  # [R, width]
+    int64_t* n_accepted              # [R]
+    int* status                      # [R]
+    Py_ssize_t* bad_row              # [R] row of the request (0..K_r) that a non-OK status names
+
+
+cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
+    """Request r with the single-request kernel its method names; writes r's output row."""
+    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
+    cdef const float* target = b.target + (b.cu[r] + r) * b.target_stride
+    cdef const int64_t* tokens = b.tokens + b.cu[r]
+    cdef const float* draft = NULL
+    cdef int64_t* out = b.output + r * b.width
+    cdef Py_ssize_t n = 0, j
+    cdef int64_t next_token = -1
+    cdef int status
+    cdef SamplingKernel sampler = _accept_block if b.methods[r] == METHOD_BLOCK else _accept
+    b.bad_row[r] = -1
+    if b.methods[r] == METHOD_GREEDY:
+        status = _verify_greedy(target, b.target_stride, tokens, k, b.vocab, &n, &next_token,
+                                &b.bad_row[r])
+    else:
+        if b.has_draft[r]:
+            draft = b.draft + b.cu[r] * b.draft_stride
+        status = sampler(target, b.target_stride, draft, b.draft_stride, tokens, k, b.vocab,
+                         b.uniforms + b.uniform_start[r], &n, &next_token, &b.bad_row[r])
+    b.status[r] = status
+    if status != OK:
+        n, next_token = 0, -1
+    b.n_accepted[r] = n
+    for j in range(n):
+        out[j] = tokens[j]
+    out[n] = next_token
+    for j in range(n + 1, b.width):
+        out[j] = -1
+
+
+cdef void _verify_request_task(void* batch, Py_ssize_t r) noexcept nogil:
+    _verify_request(<const _Batch*> batch, r)
+
+
+cdef void _verify_requests(_Batch* b, int num_threads) noexcept nogil:
+    cdef Py_ssize_t r
+    if num_threads <= 1 or sv_parallel_for(_verify_request_task, b, b.n_requests, num_threads) != 0:
+        for r in range(b.n_requests):
+            _verify_request(b, r)
+
+
+# A small pool of helper threads that CLAIM requests one at a time from a shared counter, with the
+# caller claiming too.  Unlike a fork-join region (OpenMP's prange), the caller never waits for a
+# helper that has not started: it waits only for requests a helper has claimed and not finished.
+# On a loaded machine a helper may wait a scheduler slice (tens of ms) to run; with a barrier the
+# whole call waited for it (measured: median 44 ms instead of 1.8 ms for R = 64, V = 32000, load
+# 11 on 2 cores); here the caller just does the work itself.  One job at a time: a second caller
+# meanwhile runs on its own thread.  After fork() the child starts with no helpers.
+cdef extern from *:
+    """
+    #include <pthread.h>
+    #include <signal.h>
+
+    typedef void (*sv_task)(void* context, Py_ssize_t index);
+
+    static struct {
+        pthread_mutex_t lock;
+        pthread_cond_t wake;       /* helpers: a new job was posted */
+        pthread_cond_t finished;   /* caller: the last in-flight request is done */
+        int helpers;               /* helper threads started */
+        int busy;                  /* a caller owns the pool */
+        unsigned long generation;  /* jobs posted so far */
+        sv_task task;              /* the current job (read under lock) */
+        void* context;
+        Py_ssize_t count, next, in_flight;
+        int wanted, joined;        /* helpers the job may use / that joined it */
+    } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+    static int sv_pool_atfork_registered = 0;
+
+    static void sv_pool_reset_in_child(void) {
+        pthread_mutex_init(&sv_pool.lock, NULL);
+        pthread_cond_init(&sv_pool.wake, NULL);
+        pthread_cond_init(&sv_pool.finished, NULL);
+        sv_pool.helpers = 0;
+        sv_pool.busy = 0;
+        sv_pool.count = sv_pool.next = sv_pool.in_flight = 0;
+    }
+
+    /* Claim and run requests of job `generation` until none is left (lock held on entry/exit;
+       a helper stops if a newer job was posted meanwhile: it joins that one properly). */
+    static void sv_pool_drain(int helper, unsigned long generation) {
+        while (sv_pool.next < sv_pool.count && sv_pool.generation == generation) {
+            Py_ssize_t index = sv_pool.next++;
+            sv_task task = sv_pool.task;
+            void* context = sv_pool.context;
+            if (helper) sv_pool.in_flight++;
+            pthread_mutex_unlock(&sv_pool.lock);
+            task(context, index);
+            pthread_mutex_lock(&sv_pool.lock);
+            if (helper && --sv_pool.in_flight == 0 && sv_pool.next >= sv_pool.count)
+                pthread_cond_signal(&sv_pool.finished);
+        }
+    }
+
+    static void* sv_pool_helper(void* unused) {
+        sigset_t all;
+        unsigned long seen = 0;
+        (void) unused;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the main thread's business */
+        pthread_mutex_lock(&sv_pool.lock);
+        /* Started by a call that has posted its job by the time this lock is ours: join it. */
+        seen = sv_pool.generation - 1;
+        for (;;) {
+            while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+            seen = sv_pool.generation;
+            if (sv_pool.joined >= sv_pool.wanted) continue;
+            sv_pool.joined++;
+            sv_pool_drain(1, seen);
+        }
+        return NULL;
+    }
+
+    /* Run task(context, i) for i in [0, count) on the caller and up to threads - 1 helpers.
+       Returns 0 when done, -1 (nothing run) when the pool is busy or no helper could start: the
+       caller then runs the loop itself. */
+    static int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_mutex_lock(&sv_pool.lock);
+        if (sv_pool.busy) {
+            pthread_mutex_unlock(&sv_pool.lock);
+            return -1;
+        }
+        if (!sv_pool_atfork_registered) {
+            pthread_atfork(NULL, NULL, sv_pool_reset_in_child);
+            sv_pool_atfork_registered = 1;
+        }
+        if (sv_pool.helpers < threads - 1) {
+            pthread_attr_init(&attr);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            while (sv_pool.helpers < threads - 1
+                   && pthread_create(&thread, &attr, sv_pool_helper, NULL) == 0)
+                sv_pool.helpers++;
+            pthread_attr_destroy(&attr);
+        }
+        if (sv_pool.helpers == 0) {
+            pthread_mutex_unlock(&sv_pool.lock);
+            return -1;
+        }
+        sv_pool.busy = 1;
+        sv_pool.task = task;
+        sv_pool.context = context;
+        sv_pool.count = count;
+        sv_pool.next = 0;
+        sv_pool.in_flight = 0;
+        sv_pool.joined = 0;
+        sv_pool.wanted = threads - 1;
+        sv_pool.generation++;
+        pthread_cond_broadcast(&sv_pool.wake);
+        sv_pool_drain(0, sv_pool.generation);
+        while (sv_pool.in_flight > 0) pthread_cond_wait(&sv_pool.finished, &sv_pool.lock);
+        /* Exhausted and nothing in flight: a helper waking late finds no request to claim. */
+        sv_pool.busy = 0;
+        pthread_mutex_unlock(&sv_pool.lock);
+        return 0;
+    }
+    """
+    ctypedef void (*sv_task)(void* context, Py_ssize_t index) noexcept nogil
+    int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) noexcept nogil
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry
+# ---------------------------------------------------------------------------------------------
+
+cdef int _default_threads = 0
+
+# With num_threads=None, one more thread only per this many target elements the batch may read
+# (512 KB of float32, some 10-20 us of reading): waking a helper costs microseconds, more than a
+# small batch would gain from it.
+cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
+# Helper threads are kept for the process's life: never more than this many in all.
+cdef int MAX_THREADS = 64
+
+
+def default_num_threads():
+    """Threads ``verify_batch`` uses when not told: OMP_NUM_THREADS if it is a positive integer,
+    else the CPUs this process may run on.  Read once, at the first call."""
+    global _default_threads
+    if _default_threads == 0:
+        import os
+        text = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        try:
+            _default_threads = max(int(text), 0)
+        except ValueError:
+            _default_threads = 0
+        if _default_threads == 0:
+            try:
+                _default_threads = len(os.sched_getaffinity(0))
+            except (AttributeError, OSError):
+                _default_threads = os.cpu_count() or 1
+    return _default_threads
+
+
+cdef Py_ssize_t _request_of(const int64_t* cu, Py_ssize_t n_requests, Py_ssize_t i) noexcept:
+    """The request owning draft token i (error messages only): the last r with cu[r] <= i."""
+    cdef Py_ssize_t lo = 0, hi = n_requests - 1, mid
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cu[mid] <= i:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+cdef object _batch_rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, str why, Rows* out,
+                        _Held held):
+    """Validated float32 rows whose count is fixed by cu_num_draft_tokens (the message says so)."""
+    if not _read_rows(x, out, held) or out.cols == 0 or (cols >= 0 and out.cols != cols):
+        x = _inputs.float_rows(x, name, cols=None if cols < 0 else cols)
+        if not _read_rows(x, out, held):
+            raise AssertionError(f"{name}: conversion produced an unreadable array")
+    if out.rows != rows:
+        raise ValueError(f"{name} has {out.rows} rows but cu_num_draft_tokens implies {why} = {rows}")
+    return x
+
+
+cdef int _copy_bytes(object array, uint8_t* into, Py_ssize_t n) except -1:
+    """Copy n bytes out of a contiguous uint8 array that _inputs made (the call's own copy)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(array, &view, PyBUF_RECORDS_RO)
+    try:
+        if view.len != n or view.itemsize != 1:
+            raise AssertionError("expected a contiguous uint8 array")
+        memcpy(into, view.buf, n)
+    finally:
+        PyBuffer_Release(&view)
+    return 0
+
+
+cdef int _read_methods(object method, Py_ssize_t n_requests, uint8_t* codes) except -1:
+    """Per-request method codes: one name for all, a sequence of names, or an integer array."""
+    cdef Py_ssize_t r
+    cdef int code
+    if isinstance(method, str):
+        code = _METHOD_CODES.get(method, -1)
+        if code < 0:
+            raise ValueError(f"method must be one of {BATCH_METHODS}, got {method!r}")
+        for r in range(n_requests):
+            codes[r] = code
+        return 0
+    _copy_bytes(_inputs.batch_methods(method, n_requests, _METHOD_CODES), codes, n_requests)
+    return 0
+
+
+cdef int _read_draft_presence(object has_draft_probs, object draft_probs, Py_ssize_t n_requests,
+                              uint8_t* has_draft) except -1:
+    cdef Py_ssize_t r
+    if has_draft_probs is None:
+        for r in range(n_requests):
+            has_draft[r] = draft_probs is not None
+        return 0
+    _copy_bytes(_inputs.batch_mask(has_draft_probs, n_requests, "has_draft_probs"), has_draft,
+                n_requests)
+    if draft_probs is None:
+        for r in range(n_requests):
+            if has_draft[r]:
+                raise ValueError(f"has_draft_probs[{r}] is True but draft_probs is None")
+    return 0
+
+
+cdef int _fill_uniforms(object generator, object generators, object uniforms, _Batch* b,
+                        Py_ssize_t total, double* into) except -1:
+    """The batch's uniforms, in request order, into the call's own memory."""
+    cdef const char* raw
+    cdef const double* u
+    cdef Py_ssize_t n, r, i, count
+    cdef _Held held
+    given = (generator is not None) + (generators is not None) + (uniforms is not None)
+    if given > 1:
+        raise TypeError("pass at most one of generator, generators and uniforms")
+    if generators is not None:
+        if not isinstance(generators, (list, tuple)) or len(generators) != b.n_requests:
+            got = len(generators) if isinstance(generators, (list, tuple)) else type(generators).__name__
+            raise ValueError(f"generators must be a list of one generator per request "
+                             f"(R = {b.n_requests}), got {got}")
+        for r in range(b.n_requests):
+            count = b.uniform_start[r + 1] - b.uniform_start[r]
+            if count == 0:
+                continue  # a greedy request draws nothing: its generator is not advanced
+            held = _Held()
+            try:
+                _uniforms(generators[r], None, count, &u, held)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"generators[{r}]: {error}") from None
+            memcpy(into + b.uniform_start[r], u, count * sizeof(double))
+        return 0
+    if total == 0:
+        return 0  # nothing to draw (all greedy); a generator given is not advanced
+    if uniforms is None:
+        uniforms = _inputs.draw_uniforms(generator, total)  # one draw for the whole batch
+        held = _Held()
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != total:
+            raise AssertionError("generator produced unreadable uniforms")
+        memcpy(into, raw, total * sizeof(double))
+        return 0
+    held = _Held()
+    if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != total:
+        uniforms = _inputs.uniforms_float64(uniforms, total, what="K_r + 1 per sampled request, "
+                                            "0 per greedy one")
+        if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
+            raise AssertionError("uniforms: conversion produced an unreadable array")
+    memcpy(into, raw, total * sizeof(double))
+    for i in range(total):
+        if not (0.0 <= into[i] < 1.0):  # also catches NaN
+            raise ValueError(f"uniforms must lie in [0, 1) (uniforms[{i}] = {into[i]})")
+    return 0
+
+
+cdef int _raise_request_status(const _Batch* b, Py_ssize_t r, object target_probs,
+                               object draft_probs) except -1:
+    """The exception for request r's non-OK status, naming the request and the row."""
+    cdef int status = b.status[r]
+    cdef Py_ssize_t row = b.bad_row[r]
+    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
+    draft_status = status == BAD_DRAFT_VALUES or status == ZERO_DRAFT_MASS
+    global_row = b.cu[r] + row if draft_status else b.cu[r] + r + row
+    try:
+        _inputs.raise_kernel_status(STATUS_NAMES[status], global_row, target_probs, draft_probs)
+    except (ValueError, MemoryError) as error:
+        rows = f"{k} draft rows" if draft_status else f"{k + 1} target rows"
+        raise type(error)(f"request {r} (row {row} of its {rows}): {error}; no output returned") \
+            from None
+    return -1
+
+
+def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, method="token",
+                 has_draft_probs=None, generator=None, generators=None, uniforms=None,
+                 num_threads=None):
+    """See specverify.verify_batch."""
+    return _verify_batch_entry(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                               method, has_draft_probs, generator, generators, uniforms,
+                               num_threads, True)
+
+
+def convert_only_verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                              method="token", has_draft_probs=None, generator=None,
+                              generators=None, uniforms=None, num_threads=None):
+    """verify_batch without its kernels: the argument handling alone (call-overhead benchmark)."""
+    return _verify_batch_entry(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
+                               method, has_draft_probs, generator, generators, uniforms,
+                               num_threads, False)
+
+
+cdef object _verify_batch_entry(object target_probs, object draft_probs, object draft_tokens,
+                                object cu_num_draft_tokens, object method, object has_draft_probs,
+                                object generator, object generators, object uniforms,
+                                object num_threads, bint run):
+    cdef _Held held = _Held()
+    cdef _Batch b
+    cdef Rows target, draft
+    cdef const int64_t* cu_given
+    cdef const int64_t* tokens_given
+    cdef Py_ssize_t n_cu, n_tokens, n_requests, r, i, k, k_max = 0, total = 0
+    cdef int64_t* cu
+    cdef int64_t* tokens
+    cdef int64_t* uniform_start
+    cdef double* uniforms_own
+    cdef uint8_t* methods
+    cdef uint8_t* has_draft
+    cdef char* memory = NULL
+    cdef int threads = 1
+    cdef Py_buffer out_view, accepted_view
+    cdef Py_ssize_t ints, per_request
+    _torch_seen()
+    cu_num_draft_tokens = _tokens(cu_num_draft_tokens, "cu_num_draft_tokens", &cu_given, &n_cu, held)
+    if n_cu < 1:
+        raise ValueError("cu_num_draft_tokens must hold R + 1 offsets starting at 0, got none")
+    draft_tokens = _tokens(draft_tokens, "draft_tokens", &tokens_given, &n_tokens, held)
+    n_requests = n_cu - 1
+    if num_threads is not None:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        threads = min(num_threads, MAX_THREADS)
+
+    # The call's own memory: int64 offsets, tokens and uniform starts, per-request statuses and
+    # rows, then the uniforms (counted below) and the byte-wide per-request flags.
+    ints = (n_cu + n_tokens + n_cu) * sizeof(int64_t)
+    per_request = n_requests * (sizeof(int) + sizeof(Py_ssize_t))
+    memory = <char*> malloc(ints + per_request + 2 * n_requests + 8)
+    if memory == NULL:
+        raise MemoryError()
+    try:
+        cu = <int64_t*> memory
+        tokens = cu + n_cu
+        uniform_start = tokens + n_tokens
+        b.bad_row = <Py_ssize_t*> (uniform_start + n_cu)
+        b.status = <int*> (b.bad_row + n_requests)
+        methods = <uint8_t*> (b.status + n_requests)
+        has_draft = methods + n_requests
+        memcpy(cu, cu_given, n_cu * sizeof(int64_t))
+        memcpy(tokens, tokens_given, n_tokens * sizeof(int64_t))
+
+        # Offsets: a leading 0, non-decreasing, ending at the number of draft tokens.
+        if cu[0] != 0:
+            raise ValueError(f"cu_num_draft_tokens must start at 0 (a leading 0, R + 1 entries), "
+                             f"got cu_num_draft_tokens[0] = {cu[0]}")
+        for r in range(n_requests):
+            k = cu[r + 1] - cu[r]
+            if k < 0:
+                raise ValueError(f"cu_num_draft_tokens must be non-decreasing: "
+                                 f"cu_num_draft_tokens[{r + 1}] = {cu[r + 1]} < "
+                                 f"cu_num_draft_tokens[{r}] = {cu[r]} (request {r})")
+            k_max = max(k_max, k)
+        if cu[n_requests] != n_tokens:
+            raise ValueError(f"cu_num_draft_tokens[-1] = {cu[n_requests]} but draft_tokens holds "
+                             f"{n_tokens} tokens")
+
+        _read_methods(method, n_requests, methods)
+        _read_draft_presence(has_draft_probs, draft_probs, n_requests, has_draft)
+        target_probs = _batch_rows(target_probs, "target_probs", n_tokens + n_requests, -1,
+                                   "sum(K_r) + R", &target, held)
+        if num_threads is None:  # the default: as many as the batch's size is worth
+            threads = min(default_num_threads(),
+                          max(1, (n_tokens + n_requests) * target.cols // MIN_ELEMENTS_PER_THREAD))
+        if draft_probs is not None:
+            draft_probs = _batch_rows(draft_probs, "draft_probs", n_tokens, target.cols,
+                                      "sum(K_r)", &draft, held)
+        else:
+            draft.data, draft.stride = NULL, 0
+        for i in range(n_tokens):
+            if tokens[i] < 0 or tokens[i] >= target.cols:
+                r = _request_of(cu, n_requests, i)
+                raise IndexError(f"draft_tokens[{i}] = {tokens[i]} (request {r}, position "
+                                 f"{i - cu[r]}) is not a token id in [0, {target.cols})"
+                                 + (": -1 padding is not a draft token; give K_r instead"
+                                    if tokens[i] == -1 else ""))
+
+        # Uniforms: K_r + 1 per sampled request (token or block), none per greedy one, in order.
+        for r in range(n_requests):
+            uniform_start[r] = total
+            if methods[r] != METHOD_GREEDY:
+                total += cu[r + 1] - cu[r] + 1
+        uniform_start[n_requests] = total
+        uniforms_own = <double*> malloc(max(total, 1) * sizeof(double))
+        if uniforms_own == NULL:
+            raise MemoryError()
+        try:
+            b.n_requests, b.vocab, b.width = n_requests, target.cols, k_max + 1
+            b.cu, b.tokens, b.methods, b.has_draft = cu, tokens, methods, has_draft
+            b.uniform_start, b.uniforms = uniform_start, uniforms_own
+            _fill_uniforms(generator, generators, uniforms, &b, total, uniforms_own)
+            if not run:
+                return None
+            b.target, b.target_stride = <const float*> target.data, target.stride
+            b.draft, b.draft_stride = <const float*> draft.data, draft.stride
+            output = np.empty((n_requests, k_max + 1), dtype=np.int64)
+            n_accepted = np.empty(n_requests, dtype=np.int64)
+            PyObject_GetBuffer(output, &out_view, PyBUF_RECORDS)
+            b.output = <int64_t*> out_view.buf
+            PyBuffer_Release(&out_view)  # the arrays own their memory; the pointers stay valid
+            PyObject_GetBuffer(n_accepted, &accepted_view, PyBUF_RECORDS)
+            b.n_accepted = <int64_t*> accepted_view.buf
+            PyBuffer_Release(&accepted_view)
+            threads = max(1, min(threads, n_requests))
+            with nogil:
+                _verify_requests(&b, threads)
+            for r in range(n_requests):
+                if b.status[r] != OK:
+                    _raise_request_status(&b, r, target_probs, draft_probs)
+            return output, n_accepted
+        finally:
+            free(uniforms_own)
+    finally:
+        free(memory)
