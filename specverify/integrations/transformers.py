@@ -49,6 +49,7 @@ from typing import Optional, Tuple
 import torch
 
 from .. import ops
+from ..tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
 
 __all__ = [
     "warp",
@@ -59,6 +60,8 @@ __all__ = [
     "CausalLMTarget",
     "CausalLMDraft",
     "PromptLookupDraft",
+    "PromptLookupTreeDraft",
+    "CausalLMTreeDraft",
     "early_exit",
     "speculative_callbacks",
 ]
@@ -184,8 +187,13 @@ class CachedCausalLM:
 
     :meth:`logits` is asked about a whole sequence; it keeps the cached entries of the longest
     prefix that the sequence shares with the tokens already fed, crops the rest (after a rejected
-    draft) and feeds only what is new. Counters: ``forward_calls``, ``forward_tokens`` (tokens fed),
-    ``rolled_back`` (cache entries cropped).
+    draft) and feeds only what is new. :meth:`tree_logits` scores a whole draft tree in one forward
+    (a tree attention mask, depth-based positions); the tree's entries stay in the cache after the
+    prefix until the next call, which keeps only the root-to-node path that the new sequence
+    continues with (:meth:`compact`: the accepted path's entries move into place, the rejected
+    branches are dropped) and so continues without recomputing it. Counters: ``forward_calls``,
+    ``forward_tokens`` (tokens fed), ``rolled_back`` (cache entries dropped), ``reused_tree``
+    (tree entries kept by compaction).
     """
 
     def __init__(self, model):
@@ -199,10 +207,12 @@ class CachedCausalLM:
     def reset(self) -> None:
         """Forget the cache (the next call feeds its whole sequence)."""
         self.cache = None
-        self.tokens = torch.empty(0, dtype=torch.int64)  # [cached] tokens the cache holds
+        self.tokens = torch.empty(0, dtype=torch.int64)  # [cached] committed tokens the cache holds, in order
+        self.tree = None  # (tokens [N], parents [N], rows [N + 1, V]): a scored tree whose entries follow self.tokens
         self.forward_calls = 0
         self.forward_tokens = 0
         self.rolled_back = 0
+        self.reused_tree = 0
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -219,7 +229,77 @@ class CachedCausalLM:
             self.cache.crop(keep)
         else:  # transformers 5.x: crop(-tokens to remove)
             self.cache.crop(-drop)
+        self.tokens = self.tokens[:keep]
         self.rolled_back += drop
+
+    @torch.inference_mode()
+    def compact(self, path) -> None:
+        """Keep the pending tree's nodes ``path`` (root first, a root-to-node path) and drop the rest.
+
+        The cache holds ``[committed, tree nodes]``; afterwards it holds ``[committed, path nodes]``,
+        exactly the entries a plain forward over ``committed + tokens[path]`` would have made (each
+        path node attended to the committed prefix and its ancestors only, at its depth's position).
+        """
+        if self.tree is None:
+            raise RuntimeError("compact() needs a tree scored by tree_logits()")
+        tree_tokens, parents, _ = self.tree
+        path = _as_tokens(path)
+        expected = torch.tensor(path_to(parents.tolist(), int(path[-1])) if path.numel() else [], dtype=torch.int64)
+        if not torch.equal(path, expected):
+            raise ValueError(f"path {path.tolist()} is not a root-to-node path of the tree {parents.tolist()}")
+        base, n_tree = self.tokens.numel(), tree_tokens.numel()
+        for layer in _cache_layers(self.cache):
+            # gather first (a copy), then write into place: the path's indices are >= their new slots
+            for name in ("keys", "values"):
+                x = getattr(layer, name)  # [batch, heads, base + n_tree, head_dim]
+                x[..., base : base + path.numel(), :] = x[..., base + path, :]
+                setattr(layer, name, x[..., : base + path.numel(), :])
+        self.tokens = torch.cat([self.tokens, tree_tokens[path]])
+        self.tree = None
+        self.rolled_back += n_tree - path.numel()
+        self.reused_tree += path.numel()
+
+    def _settle_tree(self, seq: torch.Tensor) -> None:
+        """Resolve a pending tree against the sequence now asked about: keep the path ``seq`` follows."""
+        tree_tokens, parents, _ = self.tree
+        base = self.tokens.numel()
+        path = []
+        if _common_prefix(self.tokens, seq) == base:
+            children = {}
+            for i, (p, t) in enumerate(zip(parents.tolist(), tree_tokens.tolist())):
+                children.setdefault((p, t), i)  # duplicate siblings: the first one (its entries are equal)
+            node = -1
+            for t in seq[base:].tolist():
+                node = children.get((node, t))
+                if node is None:
+                    break
+                path.append(node)
+        self.compact(path)
+
+    def _sync(self, seq: torch.Tensor, limit: int) -> int:
+        """Make the cache hold ``seq[:keep]`` for the longest reusable ``keep <= limit``; return ``keep``."""
+        if self.tree is not None:
+            self._settle_tree(seq)
+        keep = min(_common_prefix(self.tokens, seq), limit)
+        if self.cache is None or keep == 0:
+            self.cache = self._new_cache()
+            self.tokens = self.tokens[:0]
+            keep = 0
+        elif keep < self.tokens.numel():
+            self._crop(keep)
+        return keep
+
+    def _forward(self, fed: torch.Tensor, n_rows: int, expect_held: int, **kwargs) -> torch.Tensor:
+        kwargs.update({self._cache_arg: self.cache, "use_cache": True})
+        if self._keep_arg is not None:
+            kwargs[self._keep_arg] = n_rows
+        out = self.model(input_ids=fed[None, :], **kwargs)
+        held = self.cache.get_seq_length()
+        if held != expect_held:
+            raise RuntimeError(f"KV cache holds {held} positions, expected {expect_held}")
+        self.forward_calls += 1
+        self.forward_tokens += fed.numel()
+        return out.logits[0, -n_rows:].float()
 
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, n_last: int) -> torch.Tensor:
@@ -231,35 +311,105 @@ class CachedCausalLM:
         length = seq.numel()
         if not 1 <= n_last <= length:
             raise ValueError(f"n_last must be in [1, {length}] for a sequence of {length} tokens, got {n_last}")
-        keep = min(_common_prefix(self.tokens, seq), length - n_last)
-        if self.cache is None or keep == 0:
-            self.cache = self._new_cache()
-            keep = 0
-        elif keep < self.tokens.numel():
-            self._crop(keep)
-        kwargs = {self._cache_arg: self.cache, "use_cache": True}
-        if self._keep_arg is not None:
-            kwargs[self._keep_arg] = n_last
-        out = self.model(input_ids=seq[keep:][None, :], **kwargs)
-        held = self.cache.get_seq_length()
-        if held != length:
-            raise RuntimeError(f"KV cache holds {held} positions after feeding a {length}-token sequence")
+        keep = self._sync(seq, length - n_last)
+        rows = self._forward(seq[keep:], n_last, length)
         self.tokens = seq.clone()  # seq may view the decoder's buffer
-        self.forward_calls += 1
-        self.forward_tokens += length - keep
-        return out.logits[0, -n_last:].float()
+        return rows
+
+    @torch.inference_mode()
+    def tree_logits(self, prefix: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[N + 1, V]`` of a draft tree after ``prefix`` ``[L]``, in one forward.
+
+        ``tokens [N]``, ``parents [N]`` as in :mod:`specverify.tree_drafts`. Row 0 predicts the
+        token after ``prefix``, row ``i + 1`` the token after ``prefix`` + node ``i``'s path. The
+        fed block is ``prefix[keep:]`` (at least its last token) followed by the ``N`` nodes;
+        its mask lets the prefix tokens attend causally and each node attend to the whole prefix,
+        its ancestors and itself; node ``i`` sits at position ``L - 1 + depth(i)``. When the tree
+        extends the one scored last after the same prefix (its first nodes are that tree's), only the
+        new nodes are fed and the earlier rows are reused: a draft grows its tree level by level at
+        the cost of the new nodes only.
+        """
+        _check_tree_attention(self.model)
+        prefix, tokens, parents = _as_tokens(prefix), _as_tokens(tokens), _as_tokens(parents)
+        length, n_nodes = prefix.numel(), tokens.numel()
+        if length < 1:
+            raise ValueError("tree_logits needs a non-empty prefix")
+        if parents.numel() != n_nodes:
+            raise ValueError(f"tokens [{n_nodes}] and parents [{parents.numel()}] differ in length")
+        check_parents(parents)
+        grown = self._grown_tree(prefix, tokens, parents)
+        if grown:  # the pending tree's nodes come first: feed only the new ones (a draft growing its tree)
+            old, keep, old_rows = self.tree[0].numel(), length, self.tree[2]
+            if old == n_nodes:
+                return old_rows
+        else:
+            old, keep, old_rows = 0, self._sync(prefix, length - 1), None
+        fresh = length - keep  # prefix tokens to feed: >= 1 unless the tree grows (the root row is known)
+        new = n_nodes - old
+        # cache columns: [keep cached prefix][fresh prefix][old nodes][new nodes]; fresh = 0 or old = 0
+        allowed = torch.zeros(fresh + new, length + n_nodes, dtype=torch.bool)  # [q, kv]
+        allowed[:, :keep] = True
+        allowed[:fresh, keep:length] = torch.ones(fresh, fresh, dtype=torch.bool).tril()  # causal
+        allowed[fresh:, keep:length] = True  # every node sees the whole prefix
+        allowed[fresh:, length:] = ancestor_mask(parents)[old:]  # ... and its ancestors and itself
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        positions = torch.cat([torch.arange(keep, length), length - 1 + depths(parents)[old:]])
+        rows = self._forward(torch.cat([prefix[keep:], tokens[old:]]), new + (not grown),
+                             length + n_nodes, attention_mask=mask[None, None], position_ids=positions[None])
+        if grown:
+            rows = torch.cat([old_rows, rows])
+        self.tokens = prefix.clone()
+        self.tree = (tokens.clone(), parents.clone(), rows)
+        return rows
+
+    def _grown_tree(self, prefix, tokens, parents) -> bool:
+        """Whether ``tokens, parents`` extend the pending tree (possibly empty) after the same prefix."""
+        if self.tree is None or not torch.equal(prefix, self.tokens):
+            return False
+        old_tokens, old_parents, _ = self.tree
+        old = old_tokens.numel()
+        return old <= tokens.numel() and torch.equal(tokens[:old], old_tokens) and torch.equal(parents[:old], old_parents)
+
+
+TREE_ATTENTION = ("eager", "sdpa")  # implementations that take an arbitrary additive 4D mask
+
+
+def _check_tree_attention(model) -> None:
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in TREE_ATTENTION:
+        raise ValueError(
+            f"tree scoring needs an attention implementation that takes a custom 4D mask ({', '.join(TREE_ATTENTION)}); "
+            f"this model uses {impl!r}: call model.set_attn_implementation('sdpa') first, or use chain drafts")
+
+
+def _cache_layers(cache):
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(cache).__name__} has no per-layer key/value tensors (transformers >= 5 DynamicCache needed)")
+    for layer in layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise TypeError(f"cannot compact a {type(layer).__name__} cache layer (sliding window or not key/value)")
+    return layers
 
 
 # -- the callbacks ---------------------------------------------------------------------------------
 class CausalLMTarget:
-    """``target_step(prefix, proposed) -> rows [m + 1, V]`` over a causal LM, in one forward pass."""
+    """``target_step(prefix, proposed, parents=None) -> rows [m + 1, V]`` over a causal LM, in one forward pass.
+
+    ``parents=None``: ``proposed`` is a chain. Otherwise ``proposed [N]`` and ``parents [N]`` are a
+    draft tree, scored by :meth:`CachedCausalLM.tree_logits` (rows ``[N + 1, V]``, row ``i + 1``
+    after node ``i``); the next call keeps the cache entries of the path it continues with.
+    """
 
     def __init__(self, model, sampling: Sampling = Sampling()):
         self.lm = CachedCausalLM(model)
         self.sampling = sampling
 
-    def __call__(self, prefix: torch.Tensor, proposed: torch.Tensor) -> torch.Tensor:
+    def __call__(self, prefix: torch.Tensor, proposed: torch.Tensor, parents=None) -> torch.Tensor:
         proposed = _as_tokens(proposed)  # [m]
+        if parents is not None:
+            return self.sampling.rows(self.lm.tree_logits(prefix, proposed, parents))  # [N + 1, V]
         seq = torch.cat([_as_tokens(prefix), proposed])
         return self.sampling.rows(self.lm.logits(seq, proposed.numel() + 1))  # [m + 1, V]
 
@@ -342,6 +492,108 @@ class PromptLookupDraft:
         return seq[base : base + k].clone(), None
 
 
+class PromptLookupTreeDraft:
+    """Multi-candidate prompt lookup: several earlier continuations merged into one draft tree.
+
+    Candidates, best first: the chain :class:`PromptLookupDraft` proposal (so the tree's first
+    root-to-leaf path is exactly the chain draft's, and greedy never accepts less per pass than
+    the chain), then, for ``n`` from ``max_ngram`` down to ``min_ngram``, the ``k`` tokens after
+    every earlier occurrence of the sequence's last ``n`` tokens, earliest occurrence first. They are
+    inserted into a :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until
+    ``node_budget`` nodes are used. Children are deterministic (``probs=None``): verified exactly by
+    sample-and-match. Counter: ``candidates`` inserted.
+
+    ``min_ngram`` defaults to 2, unlike the chain's 1: on a CPU a pass that scores extra tokens
+    costs 1.5-2x a one-token step (measured on SmolLM2-135M), and after a one-token match the first
+    proposed token was right only 7-33 % of the time on our prompts (bigram 33-60 %, trigram
+    75-97 %), so proposing nothing is cheaper than a tree that is mostly rejected.
+    """
+
+    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 2):
+        if int(node_budget) != node_budget or node_budget < 1:
+            raise ValueError(f"node_budget must be a positive integer, got {node_budget!r}")
+        self.node_budget = int(node_budget)
+        self.chain = PromptLookupDraft(max_ngram, min_ngram)
+        self.candidates = 0
+
+    def continuations(self, seq: torch.Tensor, k: int):
+        """Yield candidate continuations (1-D tensors of at most ``k`` tokens), best first."""
+        yield self.chain(seq, k)[0]
+        length = seq.numel()
+        for n in range(min(self.chain.max_ngram, length - 1), self.chain.min_ngram - 1, -1):
+            windows = seq[: length - 1].unfold(0, n, 1)  # [length - n, n]: starts with >= 1 token after
+            for hit in torch.nonzero((windows == seq[length - n :]).all(dim=1)).flatten().tolist():
+                yield seq[hit + n : hit + n + k]
+
+    def __call__(self, prefix: torch.Tensor, k: int):
+        seq = _as_tokens(prefix)
+        trie = Trie(self.node_budget)
+        for continuation in self.continuations(seq, k):
+            if continuation.numel():
+                trie.insert(continuation.tolist())
+                self.candidates += 1
+            if trie.full:
+                break
+        return trie.tree()
+
+
+class CausalLMTreeDraft:
+    """A causal LM's top-k tree, grown level by level and reranked (EAGLE-2, Li et al. 2024).
+
+    At each depth the ``top_k`` most likely children of every frontier node are scored by the
+    product of draft probabilities along their path; the ``beam`` best of them are expanded (one
+    forward of only those nodes, :meth:`CachedCausalLM.tree_logits` growing the tree); after ``k``
+    levels every candidate competes by that product and the best ``node_budget`` form the tree
+    (ancestors score at least as high as their children, so the kept set is a tree). Children are
+    deterministic (``probs=None``, verified by sample-and-match), so sampling stays exact whatever
+    the draft. Probabilities are the draft's softmax at ``temperature`` (a ranking, not a law).
+    """
+
+    def __init__(self, model, node_budget: int = 16, top_k: int = 4, beam: int = 4, temperature: float = 1.0):
+        for name, value in (("node_budget", node_budget), ("top_k", top_k), ("beam", beam)):
+            if int(value) != value or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        _check_warp(temperature, 0, 1.0)
+        self.lm = CachedCausalLM(model)
+        self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
+
+    def __call__(self, prefix: torch.Tensor, k: int):
+        prefix = _as_tokens(prefix)
+        tokens, parents, scores = [], [], []  # every candidate node: [C] token, parent, log path probability
+        expanded = []  # candidates in the grown tree, in growth order (their index there = position here)
+        rows = self.lm.tree_logits(prefix, prefix[:0], prefix[:0])  # [1, V]
+        frontier = [(-1, 0.0, 0)]  # (candidate id, log path probability, row in `rows`)
+        for depth in range(k):
+            level = []
+            for cand, score, row in frontier:
+                logp = torch.log_softmax(rows[row] / self.temperature, dim=-1)
+                top = torch.topk(logp, self.top_k)
+                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+                    tokens.append(tok)
+                    parents.append(cand)
+                    scores.append(score + lp)
+                    level.append(len(tokens) - 1)
+            if depth == k - 1:
+                break
+            best = sorted(level, key=lambda c: -scores[c])[: self.beam]
+            start = len(expanded)
+            expanded += best
+            position = {c: i for i, c in enumerate(expanded)}
+            rows = self.lm.tree_logits(prefix, torch.tensor([tokens[c] for c in expanded]),
+                                       torch.tensor([position.get(parents[c], -1) for c in expanded]))
+            frontier = [(c, scores[c], start + i + 1) for i, c in enumerate(best)]
+        keep = sorted(range(len(tokens)), key=lambda c: -scores[c])[: self.node_budget]
+        keep = set(keep)
+        for c in list(keep):  # ancestors of kept nodes (ties in the product could drop one)
+            while parents[c] >= 0 and parents[c] not in keep:
+                keep.add(parents[c])
+                c = parents[c]
+        order = sorted(keep)  # candidate ids are created after their parents: a topological order
+        index = {c: i for i, c in enumerate(order)}
+        return DraftTree(torch.tensor([tokens[c] for c in order], dtype=torch.int64),
+                         torch.tensor([index.get(parents[c], -1) for c in order], dtype=torch.int64))
+
+
 # -- drafts made from the target ---------------------------------------------------------------
 def early_exit(model, n_layers: int):
     """A draft LM running only the first ``n_layers`` decoder layers of ``model``.
@@ -386,11 +638,16 @@ def speculative_callbacks(
     top_p: float = 1.0,
     min_p: float = 0.0,
     generator: Optional[torch.Generator] = None,
+    tree: bool = False,
+    node_budget: int = 16,
 ):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder`.
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
-    the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). One
+    the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). ``tree=True``
+    makes the model or prompt-lookup draft propose trees of up to ``node_budget`` nodes
+    (:class:`CausalLMTreeDraft`, :class:`PromptLookupTreeDraft`; the decoder's ``k`` is then
+    their depth) and the target score them in one forward. One
     :class:`Sampling` built from ``greedy, temperature, top_k, top_p, min_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
@@ -398,11 +655,11 @@ def speculative_callbacks(
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):
-        draft_step = CausalLMDraft(draft, sampling, generator)
+        draft_step = CausalLMTreeDraft(draft, node_budget) if tree else CausalLMDraft(draft, sampling, generator)
     elif isinstance(draft, str):
         if draft != "prompt_lookup":
             raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup' or a callable")
-        draft_step = PromptLookupDraft()
+        draft_step = PromptLookupTreeDraft(node_budget) if tree else PromptLookupDraft()
     elif callable(draft):
         draft_step = draft
     else:
