@@ -3,7 +3,8 @@
 ``python -m experiments.figures`` reads the results of the default hero run
 (``python -m experiments.convergence``), of the default sweep (``python -m experiments.sweep``) and
 of the default block comparison (``python -m experiments.block``) and writes ``media/hero.gif``,
-``media/hero.png``, ``media/sweep.png`` and ``media/block.png``. Nothing is computed
+``media/hero.png``, ``media/sweep.png`` and ``media/block.png``; and, when
+``python -m experiments.speedup`` has been run, ``media/speedup.png``. Nothing is computed
 here: a missing result is reported with the command that produces it.
 """
 
@@ -76,6 +77,15 @@ def main(argv=None) -> int:
     else:
         print(f"no cached block results in {d}; run `python -m experiments.block`", file=sys.stderr)
         missing += 1
+    # Choosing K (optional here: its absence does not fail the redraw of the figures above)
+    from . import speedup
+
+    speedup_results = speedup.results_path(speedup.make_params(), args.results)
+    if speedup_results.exists():
+        print(f"wrote {speedup.plot(speedup_results, args.out / speedup.FIGURE)}")
+    else:
+        print(f"no cached speed-up results in {speedup_results.parent}; run `python -m experiments.speedup`",
+              file=sys.stderr)
     return 1 if missing else 0
 
 

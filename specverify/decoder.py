@@ -25,6 +25,7 @@ actually drawn from, warped (temperature, top-k, ...) exactly as the target's ro
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from . import _inputs
+from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
 from .ops import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
 from .tree_drafts import DraftTree
 
@@ -50,10 +52,11 @@ class DecodeStats:
     seconds spent inside the draft callback, the target callback and the verification op.
     """
 
-    k: int
+    k: int  # the largest draft length the policy may ask for
     drafted: list = field(default_factory=list)  # tokens (tree rounds: nodes) proposed by the draft, per round
     accepted: list = field(default_factory=list)  # accepted draft tokens n (tree rounds: path length), per round
     emitted: list = field(default_factory=list)  # tokens appended to the output, per round
+    asked: list = field(default_factory=list)  # draft length asked by the policy, per round
     draft_time: float = 0.0
     target_time: float = 0.0
     verify_time: float = 0.0
@@ -138,8 +141,17 @@ class SpeculativeDecoder:
         Only the argmax of each row is read in greedy mode. Rows need not be normalized.
         For a tree draft it is called as ``target_step(prefix, tokens, parents)`` and returns
         ``[N + 1, V]`` rows (row 0 after the prefix, row ``i + 1`` after node ``i``'s path).
-    k : int
-        Draft tokens proposed per round (fewer in the last rounds, see :meth:`generate`).
+    k : int, ``"auto"`` or a draft-length policy
+        An int: draft tokens asked for per round (fewer in the last rounds, see
+        :meth:`generate`). ``"auto"``: :class:`specverify.adaptive.AdaptiveK` (each round's K
+        maximizes the modelled speed-up, learned from past rounds and this decoder's timings).
+        Or any policy of :mod:`specverify.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
+        ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. A
+        ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
+        ``stop(i, confidence) -> bool`` and should stop after token ``i`` when it says so;
+        otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
+        ``probs`` is a point mass, confidence 1). Policies that only see the draft side and
+        past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
         as ``method`` says.
@@ -152,6 +164,11 @@ class SpeculativeDecoder:
         generator). The draft's own sampling randomness belongs to ``draft_step``.
     eos_token_id : int, optional
         Stop right after this token is emitted.
+    clock : callable, optional
+        Seconds for the timings in :attr:`stats` (and those an adaptive policy learns from);
+        default ``time.perf_counter`` (wall clock). ``time.process_time`` counts this process's
+        CPU time only, which a shared machine's load disturbs far less (with one torch thread it
+        is the wall time of an idle machine).
 
     After :meth:`generate`, :attr:`stats` (a :class:`DecodeStats`) holds the run's rounds,
     accepted-length histogram, per-round acceptance, tokens per round and timings.
@@ -166,20 +183,30 @@ class SpeculativeDecoder:
         generator=None,
         eos_token_id: Optional[int] = None,
         method: str = "token",
+        clock: Callable[[], float] = time.perf_counter,
     ):
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
-        if int(k) != k or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if isinstance(k, str):
+            if k != "auto":
+                raise ValueError(f"k must be a positive integer, 'auto' or a policy, got {k!r}")
+            k = AdaptiveK()
+        elif not hasattr(k, "draft_length"):
+            if isinstance(k, bool) or int(k) != k or k < 1:
+                raise ValueError(f"k must be a positive integer, got {k!r}")
+            k = FixedK(int(k))
+        self.policy = k
         if method not in self.METHODS:
             raise ValueError(f"method must be one of {sorted(self.METHODS)}, got {method!r}")
         self.draft_step = draft_step
         self.target_step = target_step
-        self.k = int(k)
+        self.k = int(k.k_max)
+        self._draft_takes_stop = _takes_keyword(draft_step, "stop")
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
         self.method = method
+        self.clock = clock
         self.stats = DecodeStats(k=self.k)
 
     METHODS = {"token": accept, "block": accept_block}  # sampling verifiers by name
@@ -190,6 +217,22 @@ class SpeculativeDecoder:
         if self.greedy:
             return verify_greedy(target_probs, tokens)
         return self.METHODS[self.method](target_probs, draft_probs, tokens, generator=self.generator)
+
+    def _draft(self, prefix: torch.Tensor, m: int):
+        """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule
+        (or the draft's :class:`~specverify.tree_drafts.DraftTree`, uncut)."""
+        stop = self.policy.stop
+        if stop is None:
+            return self.draft_step(prefix, m)
+        # a draft that takes the rule stops early (saving its own passes); the cut below is then a no-op
+        drafted = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
+        if isinstance(drafted, DraftTree):
+            return drafted  # the stop rule cuts chains
+        tokens, probs = draft_result(drafted)
+        if probs is not None:
+            j = confidence_cut(stop, probs, tokens)
+            tokens, probs = tokens[:j], probs[:j]
+        return tokens, probs
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
@@ -213,10 +256,11 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
         """Return the prompt followed by ``max_new`` new tokens (fewer only at ``eos``).
 
-        A round proposes ``min(k, remaining - 1)`` draft tokens, so that its ``n + 1``
-        emitted tokens never exceed what is still wanted: the draft is never asked for a
-        token that could not be used and no verified token is discarded. With one token
-        left the round is a plain target step (no draft call, ``m = 0``).
+        A round asks the draft for ``K`` tokens, the policy's choice capped at ``remaining - 1``
+        (a fixed ``k``: ``min(k, remaining - 1)``), so that its ``n + 1`` emitted tokens never
+        exceed what is still wanted: the draft is never asked for a token that could not be used
+        and no verified token is discarded. ``K = 0`` (one token left, or the policy's choice) is a
+        plain target step with no draft call.
         """
         prompt = torch.as_tensor(prompt_ids).reshape(-1).to(torch.int64)
         if int(max_new) != max_new or max_new < 0:
@@ -227,18 +271,24 @@ class SpeculativeDecoder:
         buf[:n0] = prompt
         n = n0
         stats = self.stats = DecodeStats(k=self.k)
-        clock = time.perf_counter
+        clock = self.clock
+        if hasattr(self.policy, "begin"):
+            self.policy.begin()  # a new sequence: an adaptive policy may discount what it learned before
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
-            m = min(self.k, remaining - 1)
+            asked = m = int(self.policy.draft_length(remaining - 1)) if remaining > 1 else 0
+            if not 0 <= m < remaining:
+                raise ValueError(f"policy {self.policy!r} asked for {m} draft tokens, allowed 0..{remaining - 1}")
             prefix = buf[:n]  # each callback gets its own copy: writing to it changes no output
             draft_probs = None
+            draft_s = 0.0
             tree = None  # a DraftTree when the draft returned one (then m counts its nodes)
             if m > 0:
                 t0 = clock()
-                returned = self.draft_step(prefix.clone(), m)  # ([m], [m, V] or None) or a DraftTree
-                stats.draft_time += clock() - t0
+                returned = self._draft(prefix.clone(), m)  # ([m], [m, V] or None) or a DraftTree
+                draft_s = clock() - t0
+                stats.draft_time += draft_s
                 if isinstance(returned, DraftTree) and returned.n_nodes:
                     tree = self._checked_tree(returned, m)
                     returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
@@ -261,7 +311,8 @@ class SpeculativeDecoder:
                 target_probs = self.target_step(prefix.clone(), tokens.clone())  # [m+1, V]
             else:
                 target_probs = self.target_step(prefix.clone(), tokens.clone(), tree.parents)  # [N+1, V]
-            stats.target_time += clock() - t0
+            target_s = clock() - t0
+            stats.target_time += target_s
             target_probs = score_rows(target_probs, "target_step returned target_probs", m + 1)
             if draft_probs is not None and m > 0:
                 draft_rows = m if tree is None else m + 1
@@ -288,9 +339,19 @@ class SpeculativeDecoder:
             stats.drafted.append(m)
             stats.accepted.append(int(n_acc))
             stats.emitted.append(len(new))
+            stats.asked.append(asked)
+            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s))
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()
+
+
+def _takes_keyword(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    return name in params  # by name only: a **kwargs draft may ignore it
 
 
 # -- what the callbacks return, checked at the boundary ----------------------------------------

@@ -427,10 +427,14 @@ class CausalLMDraft:
         self.sampling = sampling
         self.generator = generator
 
-    def __call__(self, prefix: torch.Tensor, k: int) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``stop(i, confidence) -> bool`` (a draft-side rule, see :mod:`specverify.adaptive`): after
+        drawing token ``i``, with ``confidence`` its probability under the draft (softmax of the
+        logits in greedy mode), stop drafting if it says so; the token is kept."""
         seq = _as_tokens(prefix)
         tokens = torch.empty(k, dtype=torch.int64)  # [k]
         probs = None  # [k, V]
+        drawn = k
         for i in range(k):
             row = self.sampling.rows(self.lm.logits(seq, 1))[0]  # [V]
             tokens[i] = self.sampling.pick(row, self.generator)
@@ -439,7 +443,12 @@ class CausalLMDraft:
                     probs = torch.empty(k, row.numel(), dtype=torch.float32)
                 probs[i] = row
             seq = torch.cat([seq, tokens[i : i + 1]])
-        return tokens, probs
+            if stop is not None:
+                dist = torch.softmax(row.double(), 0) if self.sampling.greedy else row.double() / row.double().sum()
+                if stop(i, float(dist[tokens[i]])):
+                    drawn = i + 1
+                    break
+        return tokens[:drawn], None if probs is None else probs[:drawn]
 
 
 class PromptLookupDraft:

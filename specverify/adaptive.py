@@ -1,0 +1,336 @@
+"""Draft-length policies for :class:`specverify.SpeculativeDecoder`: fixed, adaptive, and a
+draft-side confidence stop. Why they keep verification exact.
+
+A policy decides, before each round, how many tokens ``K`` to ask the draft for
+(:meth:`draft_length`), optionally cuts the proposal short while it is being drafted
+(:attr:`stop`, a rule of the draft's confidence in each token it drew), and learns from each
+finished round (:meth:`observe`). The decoder calls nothing else:
+
+    policy.begin()                                      # optional: a new sequence starts
+    K = policy.draft_length(limit)                      # 0 <= K <= limit, before drafting
+    stop(i, confidence) -> bool                         # after draft token i: draft another?
+    policy.observe(RoundRecord(...))                    # after verification
+
+:class:`FixedK` asks for the same K every round. :class:`AdaptiveK` estimates, online and with
+a prior, the per-position acceptance rates, the probability that the draft proposes each
+position (prompt lookup may find nothing; a stop rule cuts), the draft's cost as a function of
+the K asked and the target pass's cost as a function of the tokens it scores (from the
+decoder's own timings, or a given cost model), and asks each round for the K that maximizes
+the model's speed-up :func:`specverify.law.speedup_curve`. :class:`ConfidenceStop` is
+transformers' ``assistant_confidence_threshold``: stop drafting after the first token whose
+draft probability is below the threshold (that token is kept and verified).
+
+Why any such rule keeps verification exact
+------------------------------------------
+Claim. Let a round start from the sequence ``x`` with history ``H`` (everything that happened in
+earlier rounds: their tokens, coins and timings). Suppose that whether position ``i`` of the
+round is proposed (K, and every stop) is decided from ``(x, H)``, the tokens ``t_{<i}`` proposed
+before it and draft-side randomness, but neither from ``t_i`` itself nor from the round's
+verification uniforms ``U``; and that, given everything that decision saw, a proposed ``t_i`` is
+distributed as the row ``q_i`` handed to the verifier. Then every token the decoder emits, given all tokens emitted before it and given
+``H``, has the target's conditional law; by the chain rule the decoder's output has the target's
+joint law, whatever the policy. (A draft that drew tokens past the stop and had them cut by the
+decoder satisfies this: the cut after ``t_j`` depends on ``t_{<=j}`` only, as if the later
+tokens had never been drawn.)
+
+Proof (induction on the positions of the round). Write ``p_i = p(. | x, t_{<i})``. At position
+``i`` the round has accepted ``t_{<i}`` (so far it emitted exactly them). Either position ``i``
+is not proposed: the verifier emits the bonus token drawn from ``p_i`` with a fresh uniform; or
+it is, and ``t_i ~ q_i`` whatever the decision saw: the verifier accepts with probability
+``min(1, p_i(t_i) / q_i(t_i))`` using ``U_i`` and otherwise emits a draw from
+``norm(max(0, p_i - q_i))``; the emitted token then has law
+``min(p_i, q_i) + (1 - sum min(p_i, q_i)) norm(max(0, p_i - q_i)) = p_i`` (Leviathan et al.,
+Thm 3.5 / Chen et al.). In both branches the token emitted at position ``i`` has law ``p_i``
+given ``(x, H, t_{<i})`` and given the branch, because the branch was decided without ``t_i``
+and without ``U_i, U_{i+1}, ...``, which are independent of everything the decision saw. If
+``t_i`` is accepted the round continues at ``i + 1`` from ``x + t_{<=i}`` with a decision that
+again sees only the draft side and the past, so the same argument applies there. Rounds compose
+the same way: the next round's K is a function of ``H`` extended by this round, which is the
+past of every token it will emit.
+
+What breaks it (both are tested to be rejected by the decoder's joint-law test):
+
+- a stop that sees the current round's verification: cutting the proposal before the first
+  draft the target would likely reject (looking at ``p_i(t_i)`` against ``q_i(t_i)``) keeps only
+  drafts that "look good" and verifies them as if they had been drawn from ``q_i``: biased;
+- removing a drawn token on its own value, even on draft-side grounds: dropping ``t_i`` because
+  ``q_i(t_i)`` is small makes the proposal's law ``q_i`` conditioned on being kept, not ``q_i``:
+  biased. This is why :class:`ConfidenceStop` keeps the low-confidence token and stops *after* it.
+
+Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are exact by the
+same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
+are not what a draft-side policy needs.
+
+Block verification (``SpeculativeDecoder(method="block")``) keeps its exactness under the same
+condition (VERIFY_ALGORITHMS.md section F, verified by enumeration there; the decoder's joint-law
+test runs it with an adaptive K and the stop). Greedy verification is exact for any proposal at all (it emits the target's argmax), so these
+questions only concern speculative sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from . import law
+
+__all__ = ["RoundRecord", "ConfidenceStop", "FixedK", "AdaptiveK", "draft_confidences", "confidence_cut"]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What a policy learns from one finished round (times in seconds, ``nan`` if unmeasured)."""
+
+    asked: int  # K asked of the draft (0: a plain target step, no draft call)
+    proposed: int  # tokens the draft proposed (after any stop), 0 <= proposed <= asked
+    accepted: int  # accepted drafts n, 0 <= accepted <= proposed
+    draft_time: float  # the draft call (0 when asked == 0)
+    target_time: float  # the target pass scoring proposed + 1 tokens
+
+
+class ConfidenceStop:
+    """Stop drafting after the first token whose draft probability is below ``threshold``.
+
+    transformers' ``assistant_confidence_threshold`` (``ConfidenceCriteria``): the unsupervised
+    form of a dynamic speculation lookahead. The low-confidence token itself is kept (removing
+    it would bias the verification, see the module docstring).
+    """
+
+    def __init__(self, threshold: float):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def __call__(self, i: int, confidence: float) -> bool:
+        return confidence < self.threshold
+
+
+def draft_confidences(probs, tokens) -> np.ndarray:
+    """``[m]`` the draft's probability of each of its tokens: ``probs[i, t_i] / sum(probs[i])``.
+
+    probs ``[m, V]`` (torch or NumPy, unnormalized allowed), tokens ``[m]``.
+    """
+    p = torch.as_tensor(probs).double()  # [m, V]
+    t = torch.as_tensor(tokens).reshape(-1).to(torch.int64)  # [m]
+    return (p[torch.arange(t.numel()), t] / p.sum(dim=1)).numpy()
+
+
+def confidence_cut(stop: Callable[[int, float], bool], probs, tokens) -> int:
+    """How many of the drafted ``tokens`` a draft-side ``stop`` rule keeps: up to and including
+    the first token after which it says stop (all of them if it never does)."""
+    for i, conf in enumerate(draft_confidences(probs, tokens)):
+        if stop(i, float(conf)):
+            return i + 1
+    return int(torch.as_tensor(tokens).numel())
+
+
+def _stop_rule(confidence_threshold):
+    return None if confidence_threshold is None else ConfidenceStop(confidence_threshold)
+
+
+class FixedK:
+    """The same draft length ``k`` every round (optionally cut by a confidence stop)."""
+
+    def __init__(self, k: int, confidence_threshold: Optional[float] = None):
+        if int(k) != k or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        self.k_max = int(k)
+        self.stop = _stop_rule(confidence_threshold)
+
+    def begin(self) -> None:
+        pass
+
+    def draft_length(self, limit: int) -> int:
+        return min(self.k_max, limit)
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def __repr__(self):
+        return f"FixedK({self.k_max})"
+
+
+class _CostCurve:
+    """Seconds as a function of a length x = 1..x_max, learned from decayed observations.
+
+    Where x was observed the estimate is the decayed mean there, shrunk towards a decayed least
+    squares line ``b0 + b1 (x - 1)`` by ``pseudo`` observations of the line; unobserved lengths
+    get the line. The line's slope is pulled to a prior, ``b1 = (Sxy + ridge s0) / (Sxx + ridge)``
+    with ``s0 = 0`` (extra positions free) or, ``proportional=True``, ``s0 = mean(y) / mean(x)``
+    (cost proportional to x), so that with all observations at one x the prior decides the rest.
+    The per-length means follow steps the line cannot (on a CPU, a target pass scoring one token
+    runs a matrix-vector product and is often much cheaper than one scoring two).
+    """
+
+    def __init__(self, decay: float, x_max: int, proportional: bool = False, ridge: float = 1.0,
+                 pseudo: float = 2.0):
+        self.decay, self.proportional, self.ridge, self.pseudo = decay, proportional, ridge, pseudo
+        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+        self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
+        self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
+
+    def add(self, x: int, y: float) -> None:
+        d = self.decay
+        self.w_at *= d
+        self.y_at *= d
+        if x < self.w_at.size:
+            self.w_at[x] += 1.0
+            self.y_at[x] += y
+        x = x - 1.0
+        self.w = d * self.w + 1.0
+        self.wx = d * self.wx + x
+        self.wy = d * self.wy + y
+        self.wxx = d * self.wxx + x * x
+        self.wxy = d * self.wxy + x * y
+
+    @property
+    def seen(self) -> bool:
+        return self.w > 0.0
+
+    def __call__(self, xs) -> np.ndarray:
+        xs = np.asarray(xs, dtype=np.int64)
+        mx, my = self.wx / self.w, self.wy / self.w
+        sxx = self.wxx - self.w * mx * mx
+        sxy = self.wxy - self.w * mx * my
+        prior = my / (mx + 1.0) if self.proportional else 0.0
+        slope = (sxy + self.ridge * prior) / (sxx + self.ridge)
+        line = my + slope * (xs - 1.0 - mx)
+        return (self.y_at[xs] + self.pseudo * line) / (self.w_at[xs] + self.pseudo)
+
+
+class AdaptiveK:
+    """Each round's K maximizes the modelled speed-up, from estimates learned over past rounds.
+
+    Estimates (all exponentially forgotten with factor ``decay`` per round, so that a change of
+    regime, e.g. a new prompt, is followed):
+
+    - ``a_i``: P(draft i accepted | proposed, drafts before accepted), i = 1..k_max, a
+      Beta-Binomial posterior per position whose prior (strength ``prior_strength`` rounds) is
+      the pooled rate over all positions, itself pulled to ``prior_rate``;
+    - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
+      (prior 1: drafts propose what they are asked unless seen otherwise);
+    - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
+      for n scored tokens, learned from the decoder's timings (per-length means shrunk to a line,
+      see :class:`_CostCurve`; ``draft_cost`` and
+      ``target_cost`` given instead: a fixed cost model in units of a one-token target pass, as
+      :func:`specverify.law.speedup_curve` takes them; no clock is read).
+
+    The chosen K maximizes :func:`specverify.law.speedup_curve` with
+    ``survival_i = prod_{j<=i} g_j a_j``, ``proposed_i = prod_{j<=i} g_j`` over ``k_min..k_max``
+    (``K = 0``, plain decoding, when no draft length pays). Every ``explore_every``-th round asks
+    for one more than the optimum instead, so that positions and lengths beyond it keep being
+    observed (and, after K = 0, that drafting is tried again). Deterministic given the rounds it saw.
+    The prior is optimistic on purpose (``prior_rate`` 0.8): a policy that believes drafting does
+    not pay asks for K = 0 and never sees the data that would prove it wrong, while an optimistic
+    one is corrected within a few rounds. The costs persist across ``generate`` calls (they
+    belong to the machine and the models); at the start of each new sequence (:meth:`begin`) the
+    acceptance and proposal counts are scaled by ``carry`` (default 0: each sequence starts from
+    the prior, since one prompt's acceptance says little about the next's). A new decoder, or
+    :meth:`reset`, starts over.
+    """
+
+    def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.8, prior_strength: float = 4.0,
+                 decay: float = 0.98, carry: float = 0.0, draft_cost=None, target_cost=None,
+                 explore_every: int = 10, confidence_threshold: Optional[float] = None):
+        if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
+            raise ValueError(f"need integers 0 <= k_min <= k_max, k_max >= 1; got k_min={k_min!r}, k_max={k_max!r}")
+        if not 0.0 < prior_rate < 1.0 or not prior_strength > 0.0:
+            raise ValueError(f"need 0 < prior_rate < 1 and prior_strength > 0, got {prior_rate!r}, {prior_strength!r}")
+        if not 0.0 < decay <= 1.0 or not 0.0 <= carry <= 1.0:
+            raise ValueError(f"need decay in (0, 1] and carry in [0, 1], got {decay!r}, {carry!r}")
+        if (draft_cost is None) != (target_cost is None):
+            raise ValueError("give both draft_cost and target_cost (a cost model) or neither (measured)")
+        self.k_max, self.k_min = int(k_max), int(k_min)
+        self.prior_rate, self.prior_strength, self.decay = float(prior_rate), float(prior_strength), float(decay)
+        self.carry = float(carry)
+        self.draft_cost, self.target_cost = draft_cost, target_cost
+        self.explore_every = int(explore_every)
+        self.stop = _stop_rule(confidence_threshold)
+        self.reset()
+
+    def reset(self) -> None:
+        k = self.k_max
+        self.tried = np.zeros(k)  # [k] rounds whose verification reached position i (decayed counts)
+        self.passed = np.zeros(k)  # [k] ... and accepted it
+        self.asked_at = np.zeros(k)  # [k] rounds that asked >= i and proposed everything before i
+        self.proposed_at = np.zeros(k)  # [k] ... and proposed i
+        self.draft_fit = _CostCurve(self.decay, k, proportional=True)  # seconds of a draft call vs K asked
+        self.target_fit = _CostCurve(self.decay, k + 1)  # seconds of a target pass vs tokens scored
+        self.rounds = 0
+        self.last_curve = None  # [k_max + 1] the modelled f(k) behind the last choice
+
+    # -- estimates ----------------------------------------------------------------------------
+    def _posterior(self, hits, trials, prior_mean):
+        pooled = (hits.sum() + self.prior_strength * prior_mean) / (trials.sum() + self.prior_strength)
+        return (hits + self.prior_strength * pooled) / (trials + self.prior_strength)
+
+    def rates(self) -> np.ndarray:
+        """``[k_max]`` estimated conditional acceptance ``a_i``."""
+        return self._posterior(self.passed, self.tried, self.prior_rate)
+
+    def proposal_rates(self) -> np.ndarray:
+        """``[k_max]`` estimated ``g_i`` = P(position i proposed | i-1 proposed, asked >= i)."""
+        return self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
+
+    def costs(self):
+        """``(D [k_max], T [k_max + 1])``: draft cost for K = 1..k_max, target cost for n = 1..k_max+1,
+        in units of one single-token target pass (``T[0] = 1``); ``None`` before any timing."""
+        ks = np.arange(1, self.k_max + 1)
+        if self.target_cost is not None:
+            d = law._cost_values(self.draft_cost, ks, "draft_cost")
+            t = law._cost_values(self.target_cost, np.arange(1, self.k_max + 2), "target_cost")
+            return d, t / t[0]
+        if not (self.target_fit.seen and self.draft_fit.seen):
+            return None
+        t = np.maximum(self.target_fit(np.arange(1, self.k_max + 2)), 1e-12)  # [k_max + 1] seconds
+        d = np.maximum(self.draft_fit(ks), 0.0)  # [k_max] seconds
+        return d / t[0], t / t[0]
+
+    # -- the policy -----------------------------------------------------------------------------
+    def begin(self) -> None:
+        for arr in self._counts():
+            arr *= self.carry
+
+    def _counts(self):
+        return self.tried, self.passed, self.asked_at, self.proposed_at
+
+    def draft_length(self, limit: int) -> int:
+        hi = min(self.k_max, limit)
+        costs = self.costs()
+        if costs is None:  # no timings yet: a short first round measures the costs
+            return min(max(self.k_min, 1), hi)
+        d, t = costs
+        g, a = self.proposal_rates(), self.rates()
+        proposed = np.cumprod(g)
+        curve = law.speedup_curve(survival=np.minimum(np.cumprod(g * a), proposed), c=d, target_cost=t,
+                                  proposed=proposed)
+        self.last_curve = curve
+        lo = min(self.k_min, hi)
+        k = lo + int(np.argmax(curve[lo : hi + 1]))
+        if self.explore_every and self.rounds % self.explore_every == self.explore_every - 1:
+            k = min(k + 1, hi)
+        return k
+
+    def observe(self, r: RoundRecord) -> None:
+        self.rounds += 1
+        dec = self.decay
+        for arr in self._counts():
+            arr *= dec
+        m, n, asked = r.proposed, r.accepted, min(r.asked, self.k_max)
+        self.tried[: min(n + 1, m)] += 1.0  # verification reached these (the first rejection included)
+        self.passed[:n] += 1.0
+        # positions 1..min(m+1, asked) were asked with everything before them proposed
+        self.asked_at[: min(m + 1, asked)] += 1.0
+        self.proposed_at[:m] += 1.0
+        if self.target_cost is None:
+            if math.isfinite(r.target_time):
+                self.target_fit.add(m + 1, r.target_time)
+            if r.asked > 0 and math.isfinite(r.draft_time):
+                self.draft_fit.add(r.asked, r.draft_time)
+
+    def __repr__(self):
+        return f"AdaptiveK(k_max={self.k_max})"

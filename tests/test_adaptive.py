@@ -1,0 +1,365 @@
+"""Draft-length policies (specverify.adaptive): estimates, the confidence stop, and exactness.
+
+Exactness: the decoder's whole-continuation joint-law test (tests/test_decoder.py, enumerable
+bigram models, chi-square on counts, alpha = 1e-6, fixed seeds) with an adaptive K and with the
+draft-side confidence stop, and its power: the same test rejects a stop that looks at the current
+round's target rows and a draft-side stop that drops the low-confidence token it drew.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import specverify as sv  # noqa: E402
+from specverify import law  # noqa: E402
+from specverify.adaptive import AdaptiveK, ConfidenceStop, FixedK, RoundRecord, confidence_cut, draft_confidences  # noqa: E402
+from experiments.synthetic import markov_callbacks  # noqa: E402
+
+from test_decoder import ALPHA, bigram_pair, continuation_test  # noqa: E402
+
+
+# ------------------------------------------------------------------------------------------
+# policies and estimates
+# ------------------------------------------------------------------------------------------
+def simulated_rounds(policy, rates, rounds, rng, target_time=None, draft_time=None):
+    """Feed ``policy`` rounds whose accepted lengths follow the law of ``rates`` (positions 1..)."""
+    for _ in range(rounds):
+        k = policy.draft_length(len(rates))
+        n = 0
+        while n < k and rng.random() < rates[n]:
+            n += 1
+        policy.observe(RoundRecord(k, k, n, draft_time(k) if draft_time else float("nan"),
+                                   target_time(k + 1) if target_time else float("nan")))
+
+
+def test_adaptive_k_finds_the_laws_optimum_with_a_cost_model():
+    policy = AdaptiveK(k_max=14, decay=1.0, draft_cost=0.05, target_cost=lambda n: 1.0, explore_every=5)
+    simulated_rounds(policy, [0.8] * 14, 4000, np.random.default_rng(0))
+    np.testing.assert_allclose(policy.rates()[:8], 0.8, atol=0.03)  # positions the rounds reach often
+    assert policy.draft_length(14) == law.optimal_k(0.8, 0.05).k == 8
+    assert policy.draft_length(5) == 5  # capped by what is left
+
+
+def test_adaptive_k_learns_costs_from_timings():
+    policy = AdaptiveK(k_max=10, decay=1.0, prior_rate=0.8)
+    assert policy.costs() is None and policy.draft_length(10) == 1  # no timings yet: careful start
+    t_cost = lambda n: 0.02 * (1.0 + 0.1 * (n - 1))  # noqa: E731  seconds
+    simulated_rounds(policy, [0.8] * 10, 3000, np.random.default_rng(1), target_time=t_cost,
+                     draft_time=lambda k: 0.001 * k)
+    d, t = policy.costs()
+    np.testing.assert_allclose(t, [1.0 + 0.1 * i for i in range(11)], rtol=1e-2)  # the ridge pull is small
+    np.testing.assert_allclose(d, 0.05 * np.arange(1, 11), rtol=1e-2)
+    cost = lambda n: 1.0 + 0.1 * (n - 1)  # noqa: E731
+    best = law.optimal_k(0.8, 0.05, cost, k_max=10)
+    chosen = policy.draft_length(10)
+    assert abs(chosen - best.k) <= 1 and law.speedup([0.8] * chosen, 0.05, cost) > 0.99 * best.speedup
+
+
+def test_adaptive_k_follows_a_change_of_regime():
+    policy = AdaptiveK(k_max=12, decay=0.95, draft_cost=0.05, target_cost=lambda n: 1.0)
+    rng = np.random.default_rng(2)
+    simulated_rounds(policy, [0.9] * 12, 300, rng)
+    high = policy.draft_length(12)
+    simulated_rounds(policy, [0.3] * 12, 300, rng)
+    low = policy.draft_length(12)
+    assert high >= 8 and low <= 2, (high, low)
+
+
+def test_cost_curve_follows_a_step_the_line_cannot():
+    """A one-token pass much cheaper than longer ones (matrix-vector vs matrix-matrix on a CPU)."""
+    from specverify.adaptive import _CostCurve
+
+    curve = _CostCurve(decay=1.0, x_max=9)
+    truth = lambda n: 0.45 if n == 1 else 0.6 + 0.02 * n  # noqa: E731
+    for i in range(400):
+        n = 1 + i % 5  # lengths 1..5 observed, 6..9 extrapolated
+        curve.add(n, truth(n))
+    est = curve(np.arange(1, 10))
+    np.testing.assert_allclose(est[:5], [truth(n) for n in range(1, 6)], rtol=0.01)
+    assert np.all(np.diff(est[4:]) > 0)  # the line continues the trend beyond what was seen
+
+
+def test_a_new_sequence_discounts_the_rates_but_keeps_the_costs():
+    policy = AdaptiveK(k_max=6, decay=1.0, carry=0.25)
+    simulated_rounds(policy, [0.9] * 6, 200, np.random.default_rng(3), target_time=lambda n: 0.02 + 0.002 * n,
+                     draft_time=lambda k: 0.001 * k)
+    tried, costs = policy.tried.copy(), policy.costs()
+    policy.begin()
+    np.testing.assert_allclose(policy.tried, 0.25 * tried)
+    np.testing.assert_allclose(policy.costs()[1], costs[1])
+    began = []
+
+    class Counting(FixedK):
+        def begin(self):
+            began.append(1)
+
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    dec = sv.SpeculativeDecoder(d, t, k=Counting(2))
+    dec.generate([1], max_new=5)
+    dec.generate([1], max_new=5)
+    assert len(began) == 2
+
+
+def test_decoder_times_rounds_with_the_clock_it_is_given():
+    ticks = iter(range(10**6))
+    seen = []
+
+    class Seeing(FixedK):
+        def observe(self, record):
+            seen.append(record)
+
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    dec = sv.SpeculativeDecoder(d, t, k=Seeing(3), clock=lambda: float(next(ticks)))
+    dec.generate([1], max_new=9)
+    assert all(r.draft_time == (1.0 if r.asked else 0.0) and r.target_time == 1.0 for r in seen)
+    assert dec.stats.target_time == dec.stats.rounds
+
+
+def test_policy_arguments_are_checked():
+    with pytest.raises(ValueError, match="k must be"):
+        FixedK(0)
+    with pytest.raises(ValueError, match="k_min"):
+        AdaptiveK(k_max=3, k_min=4)
+    with pytest.raises(ValueError, match="both draft_cost and target_cost"):
+        AdaptiveK(draft_cost=0.1)
+    with pytest.raises(ValueError, match="threshold"):
+        ConfidenceStop(1.5)
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    with pytest.raises(ValueError, match="'auto'"):
+        sv.SpeculativeDecoder(d, t, k="fast")
+
+    class Greedy(FixedK):
+        def draft_length(self, limit):
+            return limit + 1
+
+    with pytest.raises(ValueError, match="asked for 4 draft tokens, allowed 0..3"):
+        sv.SpeculativeDecoder(d, t, k=Greedy(3)).generate([1], max_new=4)
+
+
+# ------------------------------------------------------------------------------------------
+# the confidence stop
+# ------------------------------------------------------------------------------------------
+def test_confidences_and_cut():
+    probs = np.array([[2.0, 6.0, 2.0], [0.3, 0.3, 0.4], [1.0, 0.0, 0.0]], dtype=np.float32)
+    tokens = [1, 0, 0]
+    np.testing.assert_allclose(draft_confidences(probs, tokens), [0.6, 0.3, 1.0])
+    assert confidence_cut(ConfidenceStop(0.5), probs, tokens) == 2  # the low-confidence token is kept
+    assert confidence_cut(ConfidenceStop(0.25), torch.from_numpy(probs), torch.tensor(tokens)) == 3
+    assert confidence_cut(ConfidenceStop(0.7), probs, tokens) == 1
+
+
+def test_decoder_passes_the_stop_rule_to_drafts_that_take_it_and_cuts_the_others():
+    target, draft = bigram_pair(4, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1))
+    seen = []
+
+    def draft_with_stop(prefix, k, stop=None):
+        seen.append(stop)
+        return d(prefix, k)
+
+    dec = sv.SpeculativeDecoder(draft_with_stop, t, k=FixedK(4, confidence_threshold=0.45), greedy=False,
+                                generator=np.random.default_rng(3))
+    dec.generate([1], max_new=60)
+    assert seen and all(isinstance(s, ConfidenceStop) for s in seen)
+    cut = sv.SpeculativeDecoder(d, t, k=FixedK(4, confidence_threshold=0.45), greedy=False,
+                                generator=np.random.default_rng(3))
+    cut.generate([1], max_new=60)
+    assert min(cut.stats.drafted) < 4 and max(cut.stats.drafted) == 4  # cut in some rounds only
+    assert cut.stats.asked[:-1] == [4] * (cut.stats.rounds - 1) or 4 in cut.stats.asked
+
+
+def test_greedy_with_policies_is_plain_greedy():
+    target, draft = bigram_pair(2, 9, lam=0.35, concentration=0.3)
+    d, t = markov_callbacks(target, draft, None, greedy=True)
+    for policy in (AdaptiveK(k_max=6, draft_cost=0.1, target_cost=lambda n: 1.0), "auto",
+                   FixedK(5, confidence_threshold=0.6)):
+        dec = sv.SpeculativeDecoder(d, t, k=policy, greedy=True)
+        out = dec.generate(torch.tensor([3]), max_new=50)
+        assert out[1:].tolist() == target.greedy([3], 50)
+
+
+# ------------------------------------------------------------------------------------------
+# exactness: the joint law of whole continuations
+# ------------------------------------------------------------------------------------------
+def adaptive_policy(confidence_threshold=None):
+    # a cost model for which the optimum moves with the estimated rates; a short memory so it moves often
+    return AdaptiveK(k_max=4, prior_rate=0.5, prior_strength=1.0, decay=0.7, draft_cost=0.15,
+                     target_cost=lambda n: 1.0 + 0.05 * (n - 1), explore_every=3,
+                     confidence_threshold=confidence_threshold)
+
+
+class PolicyDecoder(sv.SpeculativeDecoder):
+    """The decoder with a policy made fresh for the test (``continuation_test`` passes an int k)."""
+
+    make_policy = staticmethod(adaptive_policy)
+
+    def __init__(self, draft_step, target_step, k, **kw):
+        super().__init__(draft_step, target_step, k=self.make_policy(), **kw)
+        PolicyDecoder.last = self
+
+
+class AdaptiveStopDecoder(PolicyDecoder):
+    make_policy = staticmethod(lambda: adaptive_policy(confidence_threshold=0.4))
+
+
+class ConfidenceStopDecoder(PolicyDecoder):
+    make_policy = staticmethod(lambda: FixedK(3, confidence_threshold=0.4))
+
+
+class PeeksAtTarget(PolicyDecoder):
+    """Broken: the stop decision sees the current round's target rows and verifies only the drafts
+    that look good (those with ``p_i(t_i) >= q_i(t_i)``, which the verifier is sure to accept)."""
+
+    make_policy = staticmethod(lambda: FixedK(3))
+
+    def _verify(self, target_probs, draft_probs, tokens):
+        if tokens.numel() == 0:
+            return super()._verify(target_probs, draft_probs, tokens)
+        p = np.asarray(target_probs, dtype=np.float64)
+        q = np.asarray(draft_probs, dtype=np.float64)
+        t = tokens.numpy()
+        m = t.size
+        looks_good = [p[i, t[i]] / p[i].sum() >= q[i, t[i]] / q[i].sum() for i in range(m)]
+        j = looks_good.index(False) if False in looks_good else m
+        return super()._verify(target_probs[: j + 1], draft_probs[:j], tokens[:j])
+
+
+class DropsLowConfidence(PolicyDecoder):
+    """Broken: a draft-side stop that drops the low-confidence token instead of keeping it."""
+
+    make_policy = staticmethod(lambda: FixedK(3, confidence_threshold=0.4))
+
+    def _draft(self, prefix, m):
+        tokens, probs = self.draft_step(prefix, m)
+        j = confidence_cut(self.policy.stop, probs, tokens)
+        if j < len(tokens) or draft_confidences(probs, tokens)[j - 1] < self.policy.stop.threshold:
+            j -= 1  # the token the rule stopped at is dropped
+        return tokens[:j], probs[:j]
+
+
+LAW_CASES = [(4, 3, 3000), (3, 5, 3000)]  # (vocab, length, runs)
+
+
+@pytest.mark.parametrize("cls,method", [(PolicyDecoder, "token"), (AdaptiveStopDecoder, "token"),
+                                        (ConfidenceStopDecoder, "token"), (AdaptiveStopDecoder, "block")],
+                         ids=["adaptive_k", "adaptive_k+stop", "confidence_stop", "block+adaptive_k+stop"])
+@pytest.mark.parametrize("vocab,length,runs", LAW_CASES)
+def test_policies_preserve_joint_law(cls, method, vocab, length, runs):
+    res, rounds_per_run = continuation_test(cls, vocab=vocab, length=length, k=None, runs=runs, seed=7,
+                                            method=method)
+    assert rounds_per_run > 1.2 and res.dof >= 10
+    assert res.pvalue > ALPHA, res
+
+
+def test_adaptive_k_and_the_stop_really_vary_the_rounds():
+    """The law tests above are only meaningful if K and the cut really changed from round to round."""
+    asked, drafted = [], []
+    for cls in (PolicyDecoder, ConfidenceStopDecoder):
+        target, draft = bigram_pair(7, 3)
+        d, t = markov_callbacks(target, draft, np.random.default_rng(0))
+        dec = cls(d, t, k=None, greedy=False, generator=np.random.default_rng(1))
+        for _ in range(50):
+            dec.generate(torch.tensor([1, 2]), max_new=12)
+            asked += [a for a, left in zip(dec.stats.asked, np.cumsum([0] + dec.stats.emitted[:-1])) if 12 - left > 4]
+            drafted += [(a, m) for a, m in zip(dec.stats.asked, dec.stats.drafted)]
+    assert len(set(asked)) >= 3  # the adaptive K took several values away from the max_new boundary
+    assert any(m < a for a, m in drafted)  # the stop cut proposals
+
+
+@pytest.mark.parametrize("broken", [PeeksAtTarget, DropsLowConfidence])
+def test_law_test_rejects_broken_stop_rules(broken):
+    """Power: the same test, sizes and seed reject a stop that sees the target, or drops its token."""
+    res, _ = continuation_test(broken, vocab=4, length=3, k=None, runs=3000, seed=7)
+    assert res.pvalue < ALPHA, res
+
+
+# ------------------------------------------------------------------------------------------
+# the synthetic experiment (small parameters)
+# ------------------------------------------------------------------------------------------
+def test_speedup_experiment_runs_caches_and_plots(tmp_path):
+    from experiments import speedup
+
+    params = speedup.make_params(k_max=4, rounds=48, pool=4, vocab=64, adaptive_rounds=60,
+                                 scenarios=["a = 0.7", "a_i 0.95 -> 0.6"])
+    path = speedup.run(params, root=tmp_path, log=lambda s: None)
+    res = paths_read(path)
+    assert [s["name"] for s in res["scenarios"]] == ["a = 0.7", "a_i 0.95 -> 0.6"]
+    for s in res["scenarios"]:
+        assert len(s["measured"]) == len(s["predicted"]) == 4 and sum(s["adaptive_k_counts"]) == 60
+        assert np.all(np.abs(speedup.zscores({"scenarios": [s]})) < 5)
+    mtime = path.stat().st_mtime
+    assert speedup.run(params, root=tmp_path) == path and path.stat().st_mtime == mtime  # cached
+    assert speedup.plot(path, tmp_path / "speedup.png").stat().st_size > 0
+    assert "| a = 0.7 (measured mean a_i" in speedup.table(path)
+
+
+def paths_read(path):
+    from experiments import paths
+
+    return paths.read_json(path)
+
+
+# ------------------------------------------------------------------------------------------
+# a causal-LM draft that applies the stop rule itself (saving its own passes)
+# ------------------------------------------------------------------------------------------
+def test_causal_lm_draft_stops_on_its_own_confidence():
+    transformers = pytest.importorskip("transformers")
+    from specverify.integrations.transformers import CausalLMDraft, Sampling, speculative_callbacks
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 97, (10,), generator=torch.Generator().manual_seed(1))
+    for greedy in (True, False):
+        sampling = Sampling(greedy=greedy)
+        draft = CausalLMDraft(model, sampling, torch.Generator().manual_seed(2))
+        full_tokens, full_probs = CausalLMDraft(model, sampling, torch.Generator().manual_seed(2))(prompt, 6)
+        calls = draft.lm.forward_calls
+        tokens, probs = draft(prompt, 6, stop=lambda i, conf: i == 2)  # stop after the third token
+        assert draft.lm.forward_calls - calls == 3 and tokens.tolist() == full_tokens[:3].tolist()
+        assert (probs is None) == greedy and (greedy or torch.equal(probs, full_probs[:3]))
+        seen = []
+        draft(prompt, 4, stop=lambda i, conf: seen.append(conf) and False)
+        assert len(seen) == 4 and all(0.0 < c <= 1.0 for c in seen)
+    # greedy output with a confidence stop is still plain greedy decoding of the target
+    from specverify.integrations.transformers import early_exit
+
+    model.generation_config.eos_token_id = None
+    ref = model.generate(prompt[None], max_new_tokens=20, do_sample=False, pad_token_id=0)[0]
+    draft_step, target_step = speculative_callbacks(model, early_exit(model, 1), greedy=True)
+    dec = sv.SpeculativeDecoder(draft_step, target_step, k=FixedK(4, confidence_threshold=0.5), greedy=True)
+    assert dec._draft_takes_stop
+    assert dec.generate(prompt, 20).tolist() == ref.tolist()
+
+
+def test_choose_k_analysis_predicts_a_consistent_fabricated_run():
+    """The real-model analysis on fabricated rows: rounds that propose and accept all K, costs
+    T(n) = 50 + 10 (n - 1) ms, D(K) = 1 ms per token, 0.5 ms overhead: the model must be exact."""
+    import json
+
+    from experiments import choose_k
+
+    rows = []
+    t_of = lambda n: 0.05 + 0.01 * (n - 1)  # noqa: E731
+    for rep in range(2):
+        for config in choose_k.CONFIGS:
+            k = int(config[2:]) if config.startswith("K=") else (0 if config == "plain" else 3)
+            rounds = 10
+            recs = [[k, k, k, 0.001 * k, t_of(k + 1)] for _ in range(rounds)]
+            seconds = rounds * (0.001 * k + t_of(k + 1) + 0.0005)
+            rows.append(dict(repeat=rep, prompt="p", config=config, new_tokens=rounds * (k + 1), seconds=seconds,
+                             tokens_per_s=rounds * (k + 1) / seconds, rounds=rounds, draft_s=rounds * 0.001 * k,
+                             target_s=rounds * t_of(k + 1), records=json.dumps(recs)))
+    res = choose_k.analyse(rows)["prompts"]["p"]
+    np.testing.assert_allclose(res["survival"], 1.0)
+    for k in choose_k.KS:
+        cfg = res["configs"][f"K={k}"]
+        assert cfg["predicted"] == pytest.approx(cfg["tokens_per_s"], rel=1e-9)
+        assert cfg["model_speedup"] == pytest.approx((k + 1) / (0.001 * k + t_of(k + 1)) * t_of(1), rel=1e-9)
+    assert res["configs"]["auto"]["k_counts"][3] == 20
+    assert "| p |" in choose_k.table(choose_k.analyse(rows))
