@@ -5,8 +5,18 @@ across x86-64 and aarch64; no -ffast-math, whose reassociation would make the su
 compiler-dependent and blind the kernels to NaN).  CPU tuning: -march=native on x86-64,
 -mcpu=native on aarch64.  SPECVERIFY_CPU overrides it (``cortex-a72`` -> -mcpu=cortex-a72 on
 aarch64, ``x86-64-v3`` -> -march=x86-64-v3 on x86-64; ``none`` drops the flag), because cross
-builds and emulators need an explicit target.  SPECVERIFY_BOUNDSCHECK=1 turns Cython's bounds and
-wraparound checks back on for debugging.
+builds and emulators need an explicit target.
+
+SPECVERIFY_BUILD chooses the kind of build (our flags come after CFLAGS, so this is the switch
+that sets the optimization level):
+
+- ``release`` (default): -O3;
+- ``debug``: -O0 -g, with every computed index checked (SV_CHECK_INDEX in ``_primitives.pxd``
+  aborts on a miss) and Cython's bounds/wraparound checks on;
+- ``asan``: -O1 -g with AddressSanitizer and UndefinedBehaviorSanitizer, and the same checks
+  (tools/sanitize.sh builds it into a scratch copy; Python needs libasan preloaded).
+
+SPECVERIFY_BOUNDSCHECK=1 adds the index checks to any of them (e.g. a checked -O3 build).
 """
 import os
 import platform
@@ -27,8 +37,19 @@ def cpu_flags(machine=None):
     return []
 
 
-COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-strict-aliasing"] + cpu_flags()
-DEBUG_CHECKS = os.environ.get("SPECVERIFY_BOUNDSCHECK", "0") == "1"
+BUILDS = {
+    "release": (["-O3"], []),
+    "debug": (["-O0", "-g"], []),
+    "asan": (["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+             ["-fsanitize=address,undefined"]),
+}
+BUILD = os.environ.get("SPECVERIFY_BUILD", "release").strip().lower() or "release"
+if BUILD not in BUILDS:
+    raise SystemExit(f"SPECVERIFY_BUILD must be one of {', '.join(BUILDS)}, got {BUILD!r}")
+DEBUG_CHECKS = BUILD != "release" or os.environ.get("SPECVERIFY_BOUNDSCHECK", "0") == "1"
+OPTIMIZATION, LINK_ARGS = BUILDS[BUILD]
+COMPILE_ARGS = (OPTIMIZATION + ["-ffp-contract=off", "-fno-strict-aliasing"] + cpu_flags()
+                + (["-DSV_BOUNDSCHECK"] if DEBUG_CHECKS else []))
 DIRECTIVES = {
     "language_level": 3,
     "boundscheck": DEBUG_CHECKS,
@@ -43,7 +64,7 @@ DIRECTIVES = {
 HERE = os.path.dirname(os.path.abspath(__file__))
 extensions = [
     Extension(f"specverify.{name[:-len('.pyx')]}", [f"specverify/{name}"],
-              extra_compile_args=COMPILE_ARGS)
+              extra_compile_args=COMPILE_ARGS, extra_link_args=LINK_ARGS)
     for name in sorted(os.listdir(os.path.join(HERE, "specverify")))
     if name.endswith(".pyx")
 ]

@@ -87,6 +87,13 @@ cdef struct TensorView:
     Py_ssize_t strides[2]
 
 
+# PyObject_GetBuffer without Cython's exception check: a refused buffer (datetime64, ...) only
+# means "not the fast path".
+cdef extern from "Python.h":
+    int PyObject_GetBuffer_noexcept "PyObject_GetBuffer"(object x, Py_buffer* view, int flags) noexcept
+    char* PyByteArray_AS_STRING(object block) noexcept
+
+
 cdef object _ndarray = np.ndarray
 cdef object _numpy_generator = np.random.Generator
 cdef object _tensor = None  # torch.Tensor, torch.float64, ... once the caller has imported torch
@@ -177,7 +184,8 @@ cdef bint _view_tensor(object x, TensorView* out) except -1:
 
 
 cdef enum:
-    MAX_HELD = 16  # buffers one call may hold: each argument, possibly tried once before conversion
+    MAX_HELD = 16      # buffers one call holds at once: one per argument read in place
+    OWNED_INLINE = 64  # 8-byte slots for the call's private copies (K token ids, K + 1 uniforms)
 
 
 cdef struct Rows:
@@ -187,10 +195,37 @@ cdef struct Rows:
     Py_ssize_t stride  # elements between rows
 
 
+@cython.no_gc  # holds only bytearrays: no reference cycle to collect, and one less cost per call
 cdef class _Held:
-    """Buffers acquired for one call, released when the call ends."""
+    """What one call owns until it returns: the buffers acquired from its arguments (released
+    when the call ends) and private copies of its token ids and uniforms.
+
+    The copies are why a caller's thread that writes ``draft_tokens`` (or ``uniforms``) during the
+    call cannot make a kernel index out of bounds: the values are copied once, the copy is
+    validated, and only the copy reaches the nogil loops.  Small vectors live inline (no
+    allocation); larger ones in bytearrays this object keeps alive.
+    """
     cdef Py_buffer views[MAX_HELD]
     cdef int count
+    cdef int64_t inline_slots[OWNED_INLINE]
+    cdef Py_ssize_t inline_used
+    cdef list spilled  # bytearrays holding copies too large for inline_slots
+
+    cdef void* own_copy(self, const void* source, Py_ssize_t n) except NULL:
+        """A copy of n 8-byte values (int64 or float64) in memory this call owns."""
+        cdef char* copy
+        if n <= OWNED_INLINE - self.inline_used:
+            copy = <char*> &self.inline_slots[self.inline_used]
+            self.inline_used += n
+        else:
+            block = bytearray(8 * n)
+            if self.spilled is None:
+                self.spilled = []
+            self.spilled.append(block)
+            copy = PyByteArray_AS_STRING(block)
+        if n > 0:
+            memcpy(copy, source, 8 * n)
+        return copy
 
     def __dealloc__(self):
         cdef int i
@@ -198,29 +233,59 @@ cdef class _Held:
             PyBuffer_Release(&self.views[i])
 
 
+cdef bint _get_buffer(object x, _Held held, Py_buffer** view) except -1:
+    """Acquire x's buffer into the call's next slot; False (no exception) when x has none usable
+    (e.g. datetime64 arrays, which the buffer protocol refuses: _inputs names the dtype)."""
+    if held.count >= MAX_HELD:
+        return False
+    view[0] = &held.views[held.count]
+    if PyObject_GetBuffer_noexcept(x, view[0], PyBUF_RECORDS_RO) < 0:
+        PyErr_Clear()
+        return False
+    held.count += 1
+    return True
+
+
+cdef void _release_last(_Held held) noexcept:
+    """Give back the buffer just acquired (it was not readable as needed): slots stay for the
+    arguments actually read."""
+    held.count -= 1
+    PyBuffer_Release(&held.views[held.count])
+
+
 cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
-    """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor with unit inner stride."""
+    """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor (exact types, not subclasses),
+    4-byte aligned, with unit inner stride.  Strides and address of an empty matrix do not matter."""
     cdef Py_buffer* view
     cdef TensorView tensor
-    if type(x) is _ndarray and held.count < MAX_HELD:
-        view = &held.views[held.count]
-        if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
+    if type(x) is _ndarray:
+        if not _get_buffer(x, held, &view):
             return False
-        held.count += 1
         if (view.ndim != 2 or view.format == NULL or strcmp(view.format, b"f") != 0
-                or (view.shape[1] > 1 and view.strides[1] != 4) or view.strides[0] % 4 != 0):
+                or (view.shape[0] > 0 and view.shape[1] > 1 and view.strides[1] != 4)
+                or (view.shape[0] > 1 and view.strides[0] % 4 != 0)
+                or (view.shape[0] > 0 and view.shape[1] > 0 and <uintptr_t> view.buf % 4 != 0)):
+            _release_last(held)
             return False
         out.data, out.rows, out.cols = <const char*> view.buf, view.shape[0], view.shape[1]
         out.stride = view.strides[0] // 4
         return True
     if _tensor is not None and type(x) is _tensor:
         if (not _view_tensor(x, &tensor) or tensor.ndim != 2 or tensor.code != DLPACK_FLOAT
-                or tensor.bits != 32 or (tensor.shape[1] > 1 and tensor.strides[1] != 1)):
+                or tensor.bits != 32
+                or (tensor.shape[0] > 0 and tensor.shape[1] > 1 and tensor.strides[1] != 1)
+                or (tensor.shape[0] > 0 and tensor.shape[1] > 0 and <uintptr_t> tensor.data % 4 != 0)):
             return False
         out.data, out.rows, out.cols = tensor.data, tensor.shape[0], tensor.shape[1]
         out.stride = tensor.strides[0]
         return True
     return False
+
+
+cdef int _unreadable(str name) except -1:
+    raise RuntimeError(f"{name}: specverify could not read the array its own conversion produced "
+                       "(a bug in specverify: please report it with the argument's type, dtype, "
+                       "shape and strides)")
 
 
 cdef object _rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, Rows* out, _Held held):
@@ -229,48 +294,63 @@ cdef object _rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, Rows* ou
         return x
     x = _inputs.float_rows(x, name, rows=rows, cols=None if cols < 0 else cols)
     if not _read_rows(x, out, held):
-        raise AssertionError(f"{name}: conversion produced an unreadable array")
+        _unreadable(name)
     return x
 
 
 cdef bint _read_vector(object x, char kind, Py_ssize_t itemsize, const char** data, Py_ssize_t* n,
                        _Held held) except -1:
-    """1-D contiguous ndarray or CPU tensor of int64 (kind 'i') or float64 (kind 'f')."""
+    """1-D contiguous, aligned ndarray or CPU tensor (exact types) of int64 (kind 'i') or float64
+    (kind 'f')."""
     cdef Py_buffer* view
     cdef TensorView tensor
-    if type(x) is _ndarray and held.count < MAX_HELD:
-        view = &held.views[held.count]
-        if PyObject_GetBuffer(x, view, PyBUF_RECORDS_RO) < 0:
+    if type(x) is _ndarray:
+        if not _get_buffer(x, held, &view):
             return False
-        held.count += 1
-        if view.ndim != 1 or view.itemsize != itemsize or view.format == NULL:
-            return False
-        if (view.shape[0] > 1 and view.strides[0] != itemsize):
-            return False
-        if kind == b'i' and not (strcmp(view.format, b"l") == 0 or strcmp(view.format, b"q") == 0):
-            return False
-        if kind == b'f' and strcmp(view.format, b"d") != 0:
+        if (view.ndim != 1 or view.itemsize != itemsize or view.format == NULL
+                or (view.shape[0] > 1 and view.strides[0] != itemsize)
+                or (view.shape[0] > 0 and <uintptr_t> view.buf % itemsize != 0)
+                or (kind == b'i' and not (strcmp(view.format, b"l") == 0
+                                          or strcmp(view.format, b"q") == 0))
+                or (kind == b'f' and strcmp(view.format, b"d") != 0)):
+            _release_last(held)
             return False
         data[0], n[0] = <const char*> view.buf, view.shape[0]
         return True
     if _tensor is not None and type(x) is _tensor:
         if (not _view_tensor(x, &tensor) or tensor.ndim != 1 or tensor.bits != 8 * itemsize
                 or tensor.code != (DLPACK_INT if kind == b'i' else DLPACK_FLOAT)
-                or (tensor.shape[0] > 1 and tensor.strides[0] != 1)):
+                or (tensor.shape[0] > 1 and tensor.strides[0] != 1)
+                or (tensor.shape[0] > 0 and <uintptr_t> tensor.data % itemsize != 0)):
             return False
         data[0], n[0] = tensor.data, tensor.shape[0]
         return True
     return False
 
 
+def _read_in_place(x):
+    """Whether the readers would use x's own memory (a float32 matrix or an int64/float64
+    vector): what the tests of alignment and subclass handling look at."""
+    cdef _Held held = _Held()
+    cdef Rows rows
+    cdef const char* raw
+    cdef Py_ssize_t n
+    _torch_seen()
+    return bool(_read_rows(x, &rows, held) or _read_vector(x, b'i', 8, &raw, &n, held)
+                or _read_vector(x, b'f', 8, &raw, &n, held))
+
+
 cdef object _tokens(object x, str name, const int64_t** data, Py_ssize_t* k, _Held held):
-    """A 1-D int64 vector (token ids, parent indices): read in place or converted by _inputs."""
+    """A 1-D int64 vector (token ids, parent indices) as the call's own copy: read in place or
+    converted by _inputs, then copied into ``held``, so what is validated afterwards
+    (``_check_token_range``) is exactly what the kernel reads, whatever another thread does to
+    the caller's array meanwhile."""
     cdef const char* raw
     if not _read_vector(x, b'i', 8, &raw, k, held):
         x = _inputs.tokens_int64(x, name)
         if not _read_vector(x, b'i', 8, &raw, k, held):
-            raise AssertionError(f"{name}: conversion produced an unreadable array")
-    data[0] = <const int64_t*> raw
+            _unreadable(name)
+    data[0] = <const int64_t*> held.own_copy(raw, k[0])
     return x
 
 
@@ -288,36 +368,48 @@ cdef class _Scratch:
     cdef const double* data
 
 
+cdef enum:
+    SCRATCH_SIZES = 8         # distinct draw sizes whose scratch tensor a thread keeps
+    SCRATCH_MAX_COUNT = 4096  # larger draws get a fresh tensor (drawing costs more than allocating)
+
+
 cdef _Scratch _torch_scratch(Py_ssize_t count):
-    """This thread's float64 tensor of ``count`` elements, reused from call to call.
+    """A float64 tensor of ``count`` elements, reused from call to call by this thread.
 
     Filling it with ``uniform_`` draws the same numbers as ``torch.rand(count, dtype=float64)`` and
     moves the generator the same way, without allocating a tensor per call.  Per thread, because
-    torch releases the GIL while it draws and the kernel runs without it.
+    torch releases the GIL while it draws and the kernel runs without it.  Bounded: a thread keeps
+    at most SCRATCH_SIZES sizes (the oldest is dropped), each at most SCRATCH_MAX_COUNT elements,
+    so at most 256 KiB of uniforms whatever sequence of K a caller uses.
     """
     cdef dict scratches = getattr(_per_thread, "scratches", None)
     cdef _Scratch scratch
-    cdef const char* raw
-    cdef Py_ssize_t n
     if scratches is None:
         scratches = _per_thread.scratches = {}
     scratch = scratches.get(count)
     if scratch is None:
         scratch = _Scratch()
         scratch.tensor = _torch_empty(count, dtype=_torch_float64)
-        if not _read_vector(scratch.tensor, b'f', 8, &raw, &n, _Held()):
-            raise AssertionError("torch.empty produced an unreadable tensor")
-        scratch.data = <const double*> raw
-        scratches[count] = scratch
+        scratch.data = <const double*> <uintptr_t> scratch.tensor.data_ptr()
+        if count <= SCRATCH_MAX_COUNT:
+            if len(scratches) >= SCRATCH_SIZES:
+                del scratches[next(iter(scratches))]  # the size cached first
+            scratches[count] = scratch
     return scratch
+
+
+def _scratch_sizes():
+    """The draw sizes this thread's scratch cache holds (tests of its bound)."""
+    return list(getattr(_per_thread, "scratches", {}))
 
 
 cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const double** data,
                       _Held held):
-    """The call's K + 1 uniforms: drawn from the generator in one call, or given explicitly."""
+    """The call's K + 1 uniforms as its own validated copy: drawn from the generator in one call,
+    or given explicitly; copied into ``held`` before they are checked to lie in [0, 1)."""
     cdef const char* raw
     cdef Py_ssize_t n, i
-    cdef const double* u
+    cdef double* u
     cdef _Scratch scratch
     if uniforms is None:
         if type(generator) is _numpy_generator:
@@ -329,22 +421,17 @@ cdef object _uniforms(object generator, object uniforms, Py_ssize_t count, const
             except RuntimeError:  # e.g. a CUDA generator: let _inputs name the problem
                 uniforms = _inputs.draw_uniforms(generator, count)
             else:
-                data[0] = scratch.data
+                data[0] = <const double*> held.own_copy(scratch.data, count)
                 return scratch.tensor
         else:
             uniforms = _inputs.draw_uniforms(generator, count)  # raises the right TypeError
-        if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
-            raise AssertionError("generator produced unreadable uniforms")
-        data[0] = <const double*> raw
-        return uniforms
     if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != count:
         uniforms = _inputs.uniforms_float64(uniforms, count)
         if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
-            raise AssertionError("uniforms: conversion produced an unreadable array")
-    u = <const double*> raw
+            _unreadable("uniforms")
+    u = <double*> held.own_copy(raw, count)
     for i in range(count):
         if not (0.0 <= u[i] < 1.0):  # also catches NaN
             raise ValueError("uniforms must lie in [0, 1)")
     data[0] = u
     return uniforms
-

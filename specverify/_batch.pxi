@@ -261,7 +261,7 @@ cdef object _batch_rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols, st
     if not _read_rows(x, out, held) or out.cols == 0 or (cols >= 0 and out.cols != cols):
         x = _inputs.float_rows(x, name, cols=None if cols < 0 else cols)
         if not _read_rows(x, out, held):
-            raise AssertionError(f"{name}: conversion produced an unreadable array")
+            _unreadable(name)
     if out.rows != rows:
         raise ValueError(f"{name} has {out.rows} rows but cu_num_draft_tokens implies {why} = {rows}")
     return x
@@ -273,7 +273,7 @@ cdef int _copy_bytes(object array, uint8_t* into, Py_ssize_t n) except -1:
     PyObject_GetBuffer(array, &view, PyBUF_RECORDS_RO)
     try:
         if view.len != n or view.itemsize != 1:
-            raise AssertionError("expected a contiguous uint8 array")
+            _unreadable("a per-request array")
         memcpy(into, view.buf, n)
     finally:
         PyBuffer_Release(&view)
@@ -343,7 +343,7 @@ cdef int _fill_uniforms(object generator, object generators, object uniforms, _B
         uniforms = _inputs.draw_uniforms(generator, total)  # one draw for the whole batch
         held = _Held()
         if not _read_vector(uniforms, b'f', 8, &raw, &n, held) or n != total:
-            raise AssertionError("generator produced unreadable uniforms")
+            _unreadable("uniforms drawn from generator")
         memcpy(into, raw, total * sizeof(double))
         return 0
     held = _Held()
@@ -351,7 +351,7 @@ cdef int _fill_uniforms(object generator, object generators, object uniforms, _B
         uniforms = _inputs.uniforms_float64(uniforms, total, what="K_r + 1 per sampled request, "
                                             "0 per greedy one")
         if not _read_vector(uniforms, b'f', 8, &raw, &n, held):
-            raise AssertionError("uniforms: conversion produced an unreadable array")
+            _unreadable("uniforms")
     memcpy(into, raw, total * sizeof(double))
     for i in range(total):
         if not (0.0 <= into[i] < 1.0):  # also catches NaN

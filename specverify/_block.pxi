@@ -40,7 +40,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     cdef double* survival = q_mass + k
     cdef const float* p
     cdef const float* q
-    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, remainder
+    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, fraction
     cdef uint32_t p_bits = 0, q_bits = 0
     cdef Py_ssize_t i, t, tau, b, start
     cdef int status = OK
@@ -69,6 +69,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         if i < k:
             # p_{i+1} = min(1, c / d), c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step)
             t = tokens[i]
+            check_index(t, v)
             c = survival[i] * (<double> p[t] * q_mass[i])
             d = (<double> q[t] if q != NULL else 1.0) * p_mass[i]
             survival[i + 1] = 0.0 if c == 0.0 else (1.0 if c >= d else c / d)
@@ -102,14 +103,16 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         # p_tau * P_tau <= Q_tau everywhere): row tau itself, as accept does.
         next_token[0] = _sample_target(p, v, target_blocks + tau * n_blocks, p_mass[tau], uniforms[k])
     else:
-        b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+        b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
+        check_index(b, n_blocks)
         start = b * BLOCK
         if draft != NULL:
             next_token[0] = _scan_residual_block(p, draft + tau * draft_stride, start, min(start + BLOCK, v),
-                                                 p_mass[tau] / (survival[tau] * q_mass[tau]), remainder)
+                                                 p_mass[tau] / (survival[tau] * q_mass[tau]), fraction)
         else:
-            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, tokens[tau])
+            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), fraction, tokens[tau])
     free(memory)
+    check_index(next_token[0], v)
     return OK
 
 
@@ -133,6 +136,7 @@ cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, 
     for b in range(n_blocks):
         residual_blocks[b] = target_blocks[i * n_blocks + b]
     b = t // BLOCK
+    check_index(b, n_blocks)
     residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
     for b in range(n_blocks):
         total += residual_blocks[b]

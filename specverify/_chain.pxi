@@ -12,6 +12,7 @@ cdef int _verify_greedy(const float* target, Py_ssize_t target_stride, const int
         if status != OK:
             bad_row[0] = i
             return status
+        check_index(best, v)
         if i == k or tokens[i] != best:
             n_accepted[0] = i
             next_token[0] = best
@@ -29,7 +30,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
     cdef double* residual_blocks = target_blocks + n_blocks
     cdef const float* p
     cdef const float* q
-    cdef double p_mass, q_mass, residual_mass, remainder
+    cdef double p_mass, q_mass, residual_mass, fraction
     cdef uint32_t p_bits = 0, q_bits = 0
     cdef Py_ssize_t i, t, b, start, stop
     cdef int status = OK
@@ -62,6 +63,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
             break
         t = tokens[i]
+        check_index(t, v)
         if q != NULL:
             # Accept iff u < (p_t / P) / (q_t / Q), written without division.
             if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
@@ -69,10 +71,11 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
             n_accepted[0] = i
             if residual_mass > 0.0:
-                b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+                b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
+                check_index(b, n_blocks)
                 start = b * BLOCK
                 next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
-                                                     p_mass / q_mass, remainder)
+                                                     p_mass / q_mass, fraction)
             else:
                 # p <= q everywhere after rounding: p itself is the only sensible residual.
                 next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
@@ -84,18 +87,22 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
         for b in range(n_blocks):
             residual_blocks[b] = target_blocks[b]
         b = t // BLOCK
+        check_index(b, n_blocks)
         residual_blocks[b] = _block_sum_excluding(p, b * BLOCK, min(b * BLOCK + BLOCK, v), t)
         residual_mass = 0.0
         for b in range(n_blocks):
             residual_mass += residual_blocks[b]
         if residual_mass > 0.0:
-            b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &remainder)
+            b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
+            check_index(b, n_blocks)
             start = b * BLOCK
-            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), remainder, t)
+            next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), fraction, t)
         else:
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
         break
     free(target_blocks)
+    if status == OK:
+        check_index(next_token[0], v)  # every scan returns an index inside its block
     return status
 
 

@@ -29,35 +29,72 @@ def _shape_text(shape):
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def float_rows(x, name, *, rows=None, cols=None):
-    """Validate a 2-D float matrix; return it as float32 rows with unit inner stride.
+def _misaligned_tensor(x):
+    return x.numel() > 0 and x.data_ptr() % x.element_size() != 0
 
-    float32 is used as is (no copy unless the inner stride is not 1); float64, float16 and
-    bfloat16 are converted to float32 (a copy); integer, boolean and complex dtypes raise
-    TypeError.  rows/cols, when given, are the required shape.
+
+def plain_tensor(x, name):
+    """x as a plain dense CPU ``torch.Tensor`` holding its values in memory: detached (no grad),
+    no lazy negation, not a subclass (``nn.Parameter`` ...).  Wrong device or layout raises."""
+    torch = loaded_torch()
+    if x.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor, got device {x.device}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got layout {x.layout} (use .to_dense())")
+    if x.is_quantized:
+        raise TypeError(f"{name} must hold plain numbers, got quantized dtype {x.dtype}")
+    x = x.detach()
+    if type(x) is not torch.Tensor:
+        x = x.as_subclass(torch.Tensor)
+    return x.resolve_neg()  # a lazily negated view: its memory does not hold its values
+
+
+def plain_array(x, name, what):
+    """x as an exact ``numpy.ndarray`` (subclasses such as ``np.memmap`` viewed as one; anything
+    array-like converted).  Masked arrays are refused: the ops have no notion of a masked entry,
+    and reading the data under the mask would be a silent guess."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy masked array: its masked entries have no value the op could use; "
+            f"pass x.filled(value) (e.g. 0.0 for probabilities, -np.inf for greedy scores)")
+    if type(x) is np.ndarray:
+        return x
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise TypeError(f"{name} must be {what}: {error}") from None
+
+
+def _owned_aligned(x, dtype):
+    """x as dtype, C-contiguous and aligned (a copy unless it already is)."""
+    x = np.asarray(x, dtype=dtype)
+    if not (x.flags.c_contiguous and x.flags.aligned):
+        x = np.array(x, dtype=dtype, order="C", copy=True)
+    return x
+
+
+def float_rows(x, name, *, rows=None, cols=None):
+    """Validate a 2-D float matrix; return it as float32 rows with unit inner stride, aligned.
+
+    float32 is used as is (no copy unless the inner stride is not 1 or the memory is not 4-byte
+    aligned); float64, float16 and bfloat16 are converted to float32 (a copy); integer, boolean,
+    complex and date/time dtypes raise TypeError.  rows/cols, when given, are the required shape.
+    The result is an exact ``np.ndarray`` or ``torch.Tensor``.
     """
     if is_tensor(x):
         torch = loaded_torch()
-        if x.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor, got device {x.device}")
+        x = plain_tensor(x, name)
         if x.is_complex() or not x.is_floating_point():
             raise TypeError(f"{name} must hold floating-point scores (float32 preferred), got {x.dtype}")
         if x.dim() != 2:
             raise ValueError(f"{name} must be 2-D [rows, V], got shape {_shape_text(x.shape)}")
-        if x.requires_grad:
-            x = x.detach()
-        x = x.resolve_neg()  # a lazily negated view: its memory does not hold its values
         if x.dtype != torch.float32:
             x = x.to(torch.float32)
-        if x.shape[1] > 1 and x.stride(1) != 1:
-            x = x.contiguous()
+        if (x.shape[0] > 0 and x.shape[1] > 1 and x.stride(1) != 1) or _misaligned_tensor(x):
+            x = x.clone(memory_format=torch.contiguous_format)
         shape = x.shape
     else:
-        if not isinstance(x, np.ndarray):
-            try:
-                x = np.asarray(x)
-            except (TypeError, ValueError) as error:
-                raise TypeError(f"{name} must be a 2-D float array or tensor: {error}") from None
+        x = plain_array(x, name, "a 2-D float array or tensor")
         kind = x.dtype.kind
         if kind != "f":
             raise TypeError(f"{name} must hold floating-point scores (float32 preferred), got dtype {x.dtype}")
@@ -65,8 +102,9 @@ def float_rows(x, name, *, rows=None, cols=None):
             raise ValueError(f"{name} must be 2-D [rows, V], got shape {_shape_text(x.shape)}")
         if x.dtype != np.float32:
             x = x.astype(np.float32)
-        if (x.shape[1] > 1 and x.strides[1] != FLOAT32_BYTES) or x.strides[0] % FLOAT32_BYTES:
-            x = np.ascontiguousarray(x)
+        if ((x.shape[1] > 1 and x.strides[1] != FLOAT32_BYTES) or x.strides[0] % FLOAT32_BYTES
+                or not x.flags.aligned):
+            x = np.array(x, order="C", copy=True)
         shape = x.shape
     n_rows, n_cols = int(shape[0]), int(shape[1])
     if n_cols == 0:
@@ -78,54 +116,65 @@ def float_rows(x, name, *, rows=None, cols=None):
     return x
 
 
-def tokens_int64(tokens, name="draft_tokens"):
-    """Validate a 1-D sequence of integer token ids; return them as contiguous int64.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-    The range against the vocabulary is checked by the kernel module before any use.
+
+def tokens_int64(tokens, name="draft_tokens"):
+    """Validate a 1-D sequence of integer token ids; return them as contiguous, aligned int64
+    (an exact ``np.ndarray`` or ``torch.Tensor``).
+
+    The range against the vocabulary is checked by the kernel module, on its own copy.
     """
     if is_tensor(tokens):
         torch = loaded_torch()
-        if tokens.device.type != "cpu":
-            raise ValueError(f"{name} must be a CPU tensor, got device {tokens.device}")
+        tokens = plain_tensor(tokens, name)
+        if tokens.dim() == 1 and tokens.numel() == 0:
+            return np.zeros(0, dtype=np.int64)  # no tokens, whatever the dtype (torch.tensor([]) is float)
         if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
             raise TypeError(f"{name} must hold integer token ids, got {tokens.dtype}")
         if tokens.dim() != 1:
             raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
-        if tokens.dtype != torch.int64 or not tokens.is_contiguous() or tokens.is_neg():
-            tokens = tokens.to(torch.int64).resolve_neg().contiguous()
+        if tokens.dtype != torch.int64:
+            tokens = tokens.to(torch.int64)
+        if not tokens.is_contiguous() or _misaligned_tensor(tokens):
+            tokens = tokens.clone(memory_format=torch.contiguous_format)
         return tokens
-    if not isinstance(tokens, np.ndarray):
-        try:
-            tokens = np.asarray(tokens)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"{name} must be a 1-D sequence of integer token ids: {error}") from None
+    tokens = plain_array(tokens, name, "a 1-D sequence of integer token ids")
     if tokens.ndim != 1:
         raise ValueError(f"{name} must be 1-D [K], got shape {_shape_text(tokens.shape)}")
     if tokens.size == 0:
-        tokens = np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)  # no tokens, whatever the dtype (np.asarray([]) is float)
     kind = tokens.dtype.kind
     if kind == "O":
-        # Python ints too large for int64 (or other objects) end up here.
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens):
-            raise TypeError(f"{name} must hold integer token ids")
-        raise IndexError(f"{name} holds a token id outside the int64 range")
-    if kind == "u" and tokens.size and int(tokens.max()) > np.iinfo(np.int64).max:
-        raise IndexError(f"{name} holds a token id outside the int64 range")
+        # Python ints (small, or too large for int64) and other objects end up here.
+        for i, t in enumerate(tokens):
+            if not isinstance(t, (int, np.integer)) or isinstance(t, (bool, np.bool_)):
+                raise TypeError(f"{name} must hold integer token ids, got {type(t).__name__} at {name}[{i}]")
+            if not INT64_MIN <= int(t) <= INT64_MAX:
+                raise IndexError(f"{name}[{i}] = {int(t)} is outside the int64 range (not a token id)")
+        return np.array([int(t) for t in tokens], dtype=np.int64)
+    if kind == "u" and int(tokens.max()) > INT64_MAX:
+        i = int(np.argmax(tokens > INT64_MAX))
+        raise IndexError(f"{name}[{i}] = {int(tokens[i])} is outside the int64 range (not a token id)")
     if kind not in "iu":
         raise TypeError(f"{name} must hold integer token ids, got dtype {tokens.dtype}")
-    return np.ascontiguousarray(tokens, dtype=np.int64)
+    return _owned_aligned(tokens, np.int64)
 
 
 def uniforms_float64(uniforms, count, name="uniforms", what="K + 1"):
-    """Validate explicit uniforms: ``count`` float64 values (``what`` says how many), each in [0, 1)."""
+    """Validate explicit uniforms: ``count`` float64 values (``what`` says how many), each in
+    [0, 1); returned as a contiguous, aligned float64 ndarray."""
     if is_tensor(uniforms):
-        uniforms = uniforms.detach().cpu().numpy()
-    u = np.asarray(uniforms)
+        uniforms = plain_tensor(uniforms, name)
+        if uniforms.is_complex() or not uniforms.is_floating_point():
+            raise TypeError(f"{name} must be floating point (float64), got {uniforms.dtype}")
+        uniforms = uniforms.to(loaded_torch().float64).numpy()
+    u = plain_array(uniforms, name, "a 1-D float64 array")
     if u.dtype.kind != "f":
         raise TypeError(f"{name} must be floating point (float64), got dtype {u.dtype}")
     if u.shape != (count,):
         raise ValueError(f"{name} must have shape [{count}] ({what}), got {_shape_text(u.shape)}")
-    u = np.ascontiguousarray(u, dtype=np.float64)
+    u = _owned_aligned(u, np.float64)
     if not (np.all(u >= 0.0) and np.all(u < 1.0)):  # also rejects NaN
         raise ValueError(f"{name} must lie in [0, 1)")
     return u
@@ -201,27 +250,33 @@ def draw_uniforms(generator, count):
     )
 
 
-def row_as_numpy(rows, i):
-    """Row i of validated float32 rows (ndarray or tensor) as a NumPy array (error messages)."""
+def row_copy(rows, i):
+    """A private float32 copy of row i of validated rows (ndarray or tensor), for error messages:
+    every check of a message reads this one copy, never the caller's memory again."""
     row = rows[i]
-    return row.numpy() if is_tensor(row) else np.asarray(row)
+    if is_tensor(row):
+        row = row.detach().resolve_neg().numpy()
+    return np.array(row, dtype=np.float32, copy=True)
 
 
 def describe_bad_values(row, name, i, allow_negative=False):
-    """Message for a row the kernel flagged: names the first NaN, Inf or negative value."""
-    finite = np.isfinite(row)
-    if np.isnan(row).any():
-        j = int(np.flatnonzero(np.isnan(row))[0])
-        return f"{name}[{i}] contains NaN (first at column {j})"
-    if not finite.all():
-        j = int(np.flatnonzero(~finite)[0])
+    """Message for a row the kernel flagged: names the first NaN, Inf or negative value of
+    ``row``, a copy taken after the kernel ran."""
+    nan = np.flatnonzero(np.isnan(row))
+    if nan.size:
+        return f"{name}[{i}] contains NaN (first at column {int(nan[0])})"
+    infinite = np.flatnonzero(np.isposinf(row) if allow_negative else ~np.isfinite(row))
+    if infinite.size:
+        j = int(infinite[0])
         return f"{name}[{i}] contains {float(row[j])} (first at column {j})"
     if not allow_negative:
         negative = np.flatnonzero(row < 0)
         if negative.size:
             j = int(negative[0])
             return f"{name}[{i}] contains a negative value {float(row[j])} at column {j}"
-    return f"{name}[{i}] contains an invalid value"
+    return (f"{name}[{i}] held an invalid value (NaN, Inf{'' if allow_negative else ' or negative'}) "
+            f"when the kernel read it, but not when copied for this message: is another thread "
+            f"writing to it?")
 
 
 def raise_kernel_status(status, row, target, draft):
@@ -230,15 +285,15 @@ def raise_kernel_status(status, row, target, draft):
     status: the kernel's status name; target/draft: the validated float32 rows it read.
     """
     if status == "bad_target_values":
-        raise ValueError(describe_bad_values(row_as_numpy(target, row), "target_probs", row))
+        raise ValueError(describe_bad_values(row_copy(target, row), "target_probs", row))
     if status == "bad_draft_values":
-        raise ValueError(describe_bad_values(row_as_numpy(draft, row), "draft_probs", row))
+        raise ValueError(describe_bad_values(row_copy(draft, row), "draft_probs", row))
     if status == "zero_target_mass":
         raise ValueError(f"target_probs[{row}] has zero mass (all entries are 0)")
     if status == "zero_draft_mass":
         raise ValueError(f"draft_probs[{row}] has zero mass (all entries are 0)")
     if status == "bad_scores":
-        raise ValueError(describe_bad_values(row_as_numpy(target, row), "target_probs", row, allow_negative=True))
+        raise ValueError(describe_bad_values(row_copy(target, row), "target_probs", row, allow_negative=True))
     if status == "no_finite_score":
         raise ValueError(f"target_probs[{row}] is -inf everywhere: it has no argmax")
     if status == "no_memory":

@@ -16,12 +16,13 @@ absolute name (``specverify._args``), which the Hugging Face ``kernels`` loader 
 since it registers this package under a hashed name (see ``specverify.hub``).
 """
 
+cimport cython
 from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_Clear
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport strcmp
+from libc.string cimport memcpy, strcmp
 
 import sys
 import threading
@@ -47,6 +48,17 @@ def block_size():
 def lane_count():
     """Lanes per block (see ``_primitives.pxd``)."""
     return LANES
+
+
+def bounds_checked():
+    """Whether this build checks every computed index (SV_CHECK_INDEX; see ``_primitives.pxd``)."""
+    return bool(BOUNDSCHECKED)
+
+
+def _check_index(Py_ssize_t i, Py_ssize_t n):
+    """SV_CHECK_INDEX(i, n) from Python: in a bounds-checked build an index outside [0, n) aborts
+    the process with a message (the test that the checks are compiled in); else a no-op."""
+    check_index(i, n)
 
 
 def row_masses(rows):

@@ -8,28 +8,82 @@
 # a loop, and the per-element checks (NaN, Inf, negative values, zero mass) are folded into the
 # single pass that reads each row.  Directives live in ``setup.py``.
 #
-# Summation order (fixed and explicit, so x86-64 and aarch64 agree bit for bit and
-# ``specverify.reference`` can reproduce it):
+# Numeric contract (v2: float32 lanes inside a block).  Fixed and written out, so x86-64 (SSE,
+# AVX2 or AVX-512) and aarch64 (NEON) give the same bits and ``specverify.reference`` reproduces
+# them with NumPy float32 arithmetic.  u = 2^-24 is float32's unit roundoff.
 #
-# - a row is cut into blocks of ``BLOCK = 256`` elements (the last one may be short);
-# - inside a block, element ``j`` goes to lane ``j % 8``; each lane is a float64 accumulator
-#   summed in increasing ``j``;
-# - the 8 lanes are combined by a pairwise tree: ``h[l] = a[l] + a[l+4]``, ``g[l] = h[l] + h[l+2]``,
-#   ``block = g[0] + g[1]``;
-# - the row total is the left-to-right float64 sum of its block sums, starting from 0.0.
+# Block sums of a row of float32 weights w[0:n]:
+# - the row is cut into blocks of BLOCK = 256 elements (the last one may be short: it is summed
+#   as if zero-padded, which changes nothing);
+# - inside a block, element j goes to lane j % LANES (LANES = 64, whatever the vector width: four
+#   AVX-512 vectors, eight AVX2, sixteen NEON; each step reads 256 contiguous bytes); each lane is
+#   a float32 accumulator starting at +0.0 and summed in increasing j (4 elements per lane);
+# - the 64 lanes are combined in float32 by halving: lane l + half is added to lane l for
+#   half = 32, 16, 8, 4, 2, 1 (``sv_lane_tree``); lane 0 is the block sum;
+# - a block whose float32 sum overflows (only when its values add up past 3.4e38) is summed again
+#   in the same order with each element multiplied by 2^-32 first, and the sum multiplied by 2^32
+#   in float64 (exact for every element >= 2^-117; the rest lie 2^-240 below the block's sum);
+# - each block sum is converted to float64 (exactly); the row total is the left-to-right float64
+#   sum of its block sums, starting from 0.0.
+#
+# Residual weights for a target row p, draft row q and mass ratio r = P/Q (float64): in float32,
+#   w = max(0, p - x),  x = ((q * a) * b) * c,  each product rounded to float32,
+# with (a, b, c) = _ratio_factors(r): c = float32(r) and a = b = 1 (so x = q * float32(r)) when
+# 2^-101 <= r < 2^100; beyond that, a and b are powers of two carrying the excess exponent (half
+# each) and c = float32(r / (a * b)), so that x overflows only where q * r > 3.4e38 >= p (w = 0
+# either way) and no factor is Inf or 0 (q = 0 gives x = 0, w = p).  r is clamped to
+# [2^-300, 2^300] first, which changes no weight (every q > 0 then overflows, or underflows to 0).
+#
+# Draws (inverse CDF) from weights with a uniform v: the block is the first whose running float64
+# sum of block sums exceeds v * total; f = (v * total - sum before it) / its block sum, in [0, 1).
+# Inside the block, the same float32 weights are summed in float64 (SCAN_LANES = 8 lanes, j % 8,
+# halving tree) into S, and the element drawn is the first with positive
+# weight whose running float64 sum (increasing j) exceeds f * S; if rounding lets the running sum
+# fall short, the block's last positive weight.  So the block is chosen with its float32-lane sum
+# and the element inside it with probability w[j] / S, exact up to float64 roundings.  (A scan
+# accumulating in float32, or not rescaled to the block sum, would end up to ~10 u of the block
+# away from the block sum and hand that difference to the block's last positive element, however
+# small its weight.)
+#
+# Error bounds.  In a full block each element meets at most 3 float32 additions in its lane and 6
+# in the tree, all of non-negative values, so (Higham, Accuracy and Stability of Numerical
+# Algorithms, 2nd ed., (4.4)) a block sum has relative error <= gamma_9 = 9 u / (1 - 9 u)
+# ~ 5.4e-7 (sums whose partial sums stay subnormal are exact); the float64 combination adds at
+# most (B - 1) * 2^-53 for B blocks (5.6e-14 at V = 128256).  Hence:
+# - a row mass has relative error <= ~gamma_9; a mass ratio P/Q and an acceptance probability
+#   min(1, p_t Q / (q_t P)) (decided in float64 from them) <= ~2 gamma_9 ~ 1.1e-6;
+# - a draw picks index j with probability w_j / sum(w) times a factor in 1 +- 2 gamma_9 (block b
+#   carries its float32 sum over its float64 sum, within 1 +- gamma_9);
+# - a residual weight carries, besides the mass ratio's error, at most 3 float32 roundings: an
+#   error <= ~(2 gamma_9 + 3 u) q_j P/Q + u w_j, relative to w_j except where p_j and q_j P/Q
+#   agree to ~1e-6 (there float32 cannot resolve the difference; such tokens reach the residual
+#   only as often as p and q disagree, ~1e-6 of the rounds they appear in).
+# So each emitted token's probability is within a relative ~4 gamma_9 ~ 2e-6 of the exact law of
+# the float32 inputs, away from that near-cancellation.  A chi-square test of N rounds against a
+# relative bias eps has noncentrality <= N * eps^2: 0.004 for N = 1e9, so its power stays at its
+# level; a test needs N ~ 1e12 rounds to see it.
+#
+# Exact edges: p == q gives P == Q, r = 1, w = 0 everywhere (so p is drawn: a zero residual falls
+# back to p); p = 2^k q (exactly, no partial sum subnormal) gives P = 2^k Q and w = 0 too; the
+# accept test u * (q_t * P) < p_t * Q stays float64, so p == q (at any power-of-two scale) always
+# accepts, q_t = 0 accepts iff p_t > 0, p_t = 0 never does, and w_j = 0 wherever p_j = 0.
 #
 # No reassociation flags are used: the lanes are written out, so the compiler vectorizes them as
 # they stand, and ``-ffp-contract=off`` keeps every product rounded on its own.
 
+from libc.float cimport DBL_MAX, FLT_MAX
+from libc.math cimport frexp, ldexp
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 cdef enum:
-    LANES = 8           # one 512-bit vector of float64, fed by one 256-bit load of float32
+    LANES = 64          # float32 lanes per block: four AVX-512 vectors, eight AVX2, sixteen NEON
     BLOCK = 256
     STEPS = BLOCK // LANES
-    WIDE = 4            # full blocks summed side by side (see _wide_block_sums)
+    MIN_LANES = 16      # lanes of the validation minimum (a quarter of LANES: fewer registers)
+    SCAN_LANES = 8      # float64 lanes of a draw's in-block total
     ARGMAX_BLOCK = 512  # argmax blocks: no summation order to keep, so larger (fewer reductions)
     CACHE_LINE = 64
+    RATIO_EXPONENT = 100  # mass ratios in [2^-101, 2^100) enter as one float32 factor
 
 # Status codes returned by the kernels.  Positive codes come with the offending row index.
 cdef enum:
@@ -66,30 +120,98 @@ cdef extern from *:
     """
     void prefetch "SV_PREFETCH"(const void* address) noexcept nogil
 
+# Constants of the contract (C99 hexadecimal literals: exact powers of two).
+cdef extern from *:
+    """
+    #define SV_RESCUE_DOWN 0x1p-32f
+    #define SV_RESCUE_UP 0x1p32
+    #define SV_RATIO_LOWEST 0x1p-300
+    #define SV_RATIO_HIGHEST 0x1p300
+    #define SV_RATIO_LOW 0x1p-101
+    #define SV_RATIO_HIGH 0x1p100
+    """
+    const float RESCUE_DOWN "SV_RESCUE_DOWN"      # overflowed block: elements scaled by 2^-32
+    const double RESCUE_UP "SV_RESCUE_UP"         # and its sum scaled back by 2^32
+    const double RATIO_LOWEST "SV_RATIO_LOWEST"   # mass ratios are clamped to [2^-300, 2^300]
+    const double RATIO_HIGHEST "SV_RATIO_HIGHEST"
+    const double RATIO_LOW "SV_RATIO_LOW"         # ratios in [2^-101, 2^100): one factor
+    const double RATIO_HIGH "SV_RATIO_HIGH"
+
+# The lane tree of a block, in C: lane l + half folds into lane l for half = 32, 16, 8, 4, 2, 1.
+# GCC/Clang vector types spell the first four levels as whole-vector adds of the two halves,
+# which every target lowers to its own shuffles (AVX-512: two zmm adds, then extracts; NEON: q
+# registers); written as Cython loops, gcc scalarizes the tree wherever it inlines it into a row
+# loop (~60 scalar adds per block, a quarter of the pass).  Same IEEE adds, same order: same bits.
+cdef extern from *:
+    """
+    #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+    typedef float sv_f32x16 __attribute__((vector_size(64)));
+    typedef float sv_f32x8 __attribute__((vector_size(32)));
+    typedef float sv_f32x4 __attribute__((vector_size(16)));
+    static inline float sv_lane_tree(const float* a) {
+        sv_f32x16 v0, v1, v2, v3, g;
+        sv_f32x8 f;
+        sv_f32x4 e;
+        memcpy(&v0, a, 64);
+        memcpy(&v1, a + 16, 64);
+        memcpy(&v2, a + 32, 64);
+        memcpy(&v3, a + 48, 64);
+        g = (v0 + v2) + (v1 + v3);                 /* half = 32 (lanes 0-15, 16-31), then 16 */
+        f = __builtin_shufflevector(g, g, 0, 1, 2, 3, 4, 5, 6, 7)
+            + __builtin_shufflevector(g, g, 8, 9, 10, 11, 12, 13, 14, 15);   /* half = 8 */
+        e = __builtin_shufflevector(f, f, 0, 1, 2, 3)
+            + __builtin_shufflevector(f, f, 4, 5, 6, 7);                      /* half = 4 */
+        return (e[0] + e[2]) + (e[1] + e[3]);      /* half = 2, then 1 */
+    }
+    #else
+    static inline float sv_lane_tree(const float* a) {
+        float t[64];
+        int half, l;
+        for (l = 0; l < 64; l++) t[l] = a[l];
+        for (half = 32; half > 0; half /= 2)
+            for (l = 0; l < half; l++) t[l] = t[l] + t[l + half];
+        return t[0];
+    }
+    #endif
+    """
+    float lane_tree "sv_lane_tree"(const float* a) noexcept nogil
+
+
+# Index checks for debug builds (setup.py: SPECVERIFY_BUILD=debug or asan, or
+# SPECVERIFY_BOUNDSCHECK=1, define SV_BOUNDSCHECK): every index the loops compute from data (token
+# ids, picked blocks, scan results, argmax block starts) is checked against its bound, and a
+# miss aborts with a message.  Cython's own boundscheck cannot see these: the kernels index raw
+# pointers.  In release builds the macro is nothing at all.
+cdef extern from *:
+    """
+    #ifdef SV_BOUNDSCHECK
+    #include <stdio.h>
+    #include <stdlib.h>
+    static void sv_index_error(long long i, long long n, const char* what, int line) {
+        fprintf(stderr, "specverify: index %s = %lld outside [0, %lld) at line %d of %s\\n",
+                what, i, n, line, __FILE__);
+        abort();
+    }
+    #define SV_CHECK_INDEX(i, n) ((size_t) (i) >= (size_t) (n) ? sv_index_error((i), (n), #i, __LINE__) : (void) 0)
+    #define SV_BOUNDSCHECKED 1
+    #else
+    #define SV_CHECK_INDEX(i, n) ((void) 0)
+    #define SV_BOUNDSCHECKED 0
+    #endif
+    """
+    void check_index "SV_CHECK_INDEX"(Py_ssize_t i, Py_ssize_t n) noexcept nogil
+    const bint BOUNDSCHECKED "SV_BOUNDSCHECKED"
+
 
 # ---------------------------------------------------------------------------------------------
 # Per-row primitives.  Reused by every op; each reads its row(s) exactly once.
 # ---------------------------------------------------------------------------------------------
 
-cdef inline double _combine_lanes(const double* a) noexcept nogil:
-    """Pairwise tree over the 8 lanes, in the documented order.  Written as loops: spelled out as
-    one expression, gcc vectorizes it across the blocks of ``_wide_block_sums`` and then keeps
-    that loop's accumulators transposed, which halves its speed."""
-    cdef double h[4]
-    cdef double g[2]
-    cdef Py_ssize_t l
-    for l in range(4):
-        h[l] = a[l] + a[l + 4]
-    for l in range(2):
-        g[l] = h[l] + h[l + 2]
-    return g[0] + g[1]
-
-
 cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
     """True iff every element is finite and non-negative, -0.0 allowed.
 
-    Only called when a fused pass saw bits >= FLOAT_INF_BITS: that cheap test (one unsigned max
-    per element) also fires on -0.0 (0x80000000), which this slower scan lets through.
+    Only called when a row pass flagged the row (``_row_mass``'s max_bits): that cheap test (a
+    minimum riding on the sums) also fires on -0.0, which this slower scan lets through.
     """
     cdef const uint32_t* xb = <const uint32_t*> x
     cdef Py_ssize_t j
@@ -99,86 +221,82 @@ cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
     return True
 
 
-cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
-    """Sum of x[0:n], n <= BLOCK, in the documented lane order (float64 lanes, pairwise tree)."""
-    cdef double acc[LANES]
+cdef inline Py_ssize_t _steps(Py_ssize_t n) noexcept nogil:
+    """Lane steps covering n <= BLOCK elements (a short block is zero-padded to them)."""
+    return (n + LANES - 1) // LANES
+
+
+cdef inline void _copy_block(const float* x, Py_ssize_t n, float* w) noexcept nogil:
+    """w[0:n] = x[0:n], zero-padded to _steps(n) * LANES elements."""
+    cdef Py_ssize_t j
+    for j in range(n):
+        w[j] = x[j]
+    for j in range(n, _steps(n) * LANES):
+        w[j] = 0.0
+
+
+cdef inline float _lane_sum(const float* x, Py_ssize_t steps, float* low) noexcept nogil:
+    """float32 sum of x[0:steps * LANES] (steps <= STEPS: a block, zero-padded if short) in the
+    documented lane order (Inf if it overflows); low[l] = min(low[l], x[j]) over the j with
+    j % 64 in {l, l+16, l+32, l+48} (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``;
+    a local array of the caller, kept in registers across the blocks of a row once inlined).
+
+    A lane is a chain of dependent float32 adds; 64 lanes are four independent AVX-512 vectors
+    (eight AVX2, sixteen NEON), read from one contiguous 256-byte step, so the adders stay busy
+    and the hardware prefetcher sees one stream.  The validation minimum rides on the same loads
+    (16 lanes, reduced once per row; a minimum is exact in any order; NaN may be skipped: the
+    sum catches it).
+    """
+    cdef float acc[LANES]
     cdef Py_ssize_t j, l, s
     for l in range(LANES):
         acc[l] = 0.0
-    if n == BLOCK:
-        # hot loop: block sum
-        for s in range(STEPS):
-            for l in range(LANES):
-                acc[l] += <double> x[s * LANES + l]
-    else:
-        for j in range(n):
-            acc[j % LANES] += <double> x[j]
-    return _combine_lanes(acc)
-
-
-cdef inline uint32_t _max_bits(const uint32_t* xb, Py_ssize_t n, uint32_t m) noexcept nogil:
-    """max(m, largest bit pattern of x[0:n] read as uint32): the cheap half of validation (a plain
-    integer max reduction, which vectorizes as it stands)."""
-    cdef Py_ssize_t j
-    # hot loop: validation
-    for j in range(n):
-        m = max(m, xb[j])
-    return m
-
-
-cdef inline uint32_t _wide_block_sums(const float* x, double* block_sums, uint32_t m) noexcept nogil:
-    """Sums of the WIDE = 4 full blocks of x[0:4 * BLOCK] into block_sums[0:4], each in the
-    documented lane order, and max(m, the largest bit pattern read as uint32).
-
-    Same bits as four calls of ``_block_sum``.  A lane is a chain of dependent float64 adds; the
-    four blocks' lanes are independent, so running them side by side keeps the adder busy, and
-    one step of a block (8 floats) is one vector load converted to one float64 vector.  The
-    validation max rides along on the same loads.
-    """
-    cdef double a0[LANES]
-    cdef double a1[LANES]
-    cdef double a2[LANES]
-    cdef double a3[LANES]
-    cdef uint32_t m0[LANES]
-    cdef uint32_t m1[LANES]
-    cdef uint32_t m2[LANES]
-    cdef uint32_t m3[LANES]
-    cdef const uint32_t* xb = <const uint32_t*> x
-    cdef Py_ssize_t s, j, l
-    for l in range(LANES):
-        a0[l] = 0.0
-        a1[l] = 0.0
-        a2[l] = 0.0
-        a3[l] = 0.0
-        m0[l] = m
-        m1[l] = m
-        m2[l] = m
-        m3[l] = m
-    # hot loop: wide block sums
-    for s in range(STEPS):
+    # hot loop: block sum
+    for s in range(steps):
         j = s * LANES
         for l in range(LANES):
-            a0[l] += <double> x[j + l]
-            a1[l] += <double> x[BLOCK + j + l]
-            a2[l] += <double> x[2 * BLOCK + j + l]
-            a3[l] += <double> x[3 * BLOCK + j + l]
-        # Four blocks read side by side look like four short streams to the hardware
-        # prefetcher, which then stalls on memory; ask for the group after next instead
-        # (two 64-byte lines per step, 64 lines per group).
-        prefetch(x + 2 * WIDE * BLOCK + 4 * j)
-        prefetch(x + 2 * WIDE * BLOCK + 4 * j + 16)
-        for l in range(LANES):
-            m0[l] = max(m0[l], xb[j + l])
-            m1[l] = max(m1[l], xb[BLOCK + j + l])
-            m2[l] = max(m2[l], xb[2 * BLOCK + j + l])
-            m3[l] = max(m3[l], xb[3 * BLOCK + j + l])
-    block_sums[0] = _combine_lanes(a0)
-    block_sums[1] = _combine_lanes(a1)
-    block_sums[2] = _combine_lanes(a2)
-    block_sums[3] = _combine_lanes(a3)
-    for l in range(LANES):
-        m = max(m, max(max(m0[l], m1[l]), max(m2[l], m3[l])))
-    return m
+            acc[l] += x[j + l]
+        for l in range(MIN_LANES):
+            low[l] = min(low[l], min(min(x[j + l], x[j + l + 16]), min(x[j + l + 32], x[j + l + 48])))
+    return lane_tree(acc)
+
+
+cdef inline double _rescued_sum(const float* x, Py_ssize_t steps) noexcept nogil:
+    """Sum of a block x[0:steps * LANES] whose float32 lane sum overflowed: the same order on
+    x * 2^-32, then * 2^32 in float64."""
+    cdef float scaled[BLOCK]
+    cdef float low[MIN_LANES]
+    cdef Py_ssize_t j
+    for j in range(MIN_LANES):
+        low[j] = 0.0
+    for j in range(steps * LANES):
+        scaled[j] = x[j] * RESCUE_DOWN
+    return <double> _lane_sum(scaled, steps, low) * RESCUE_UP
+
+
+cdef inline double _block_sum_low(const float* x, Py_ssize_t n, float* low) noexcept nogil:
+    """Sum of x[0:n], n <= BLOCK, in the documented order (float32 lanes, halving tree, rescued if
+    it overflows), updating the validation minimum ``low`` (see ``_lane_sum``; its lanes start at
+    0.0).  A short block is summed as a zero-padded copy: adding +0.0 to a lane changes nothing,
+    nor does a minimum with 0.0.  NaN (invalid rows only) goes the rescue way and stays NaN."""
+    cdef float padded[BLOCK]
+    cdef float s
+    if n < BLOCK:
+        _copy_block(x, n, padded)
+        x = padded
+    s = _lane_sum(x, _steps(n), low)
+    if s <= FLT_MAX:
+        return <double> s
+    return _rescued_sum(x, _steps(n))
+
+
+cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
+    """Sum of x[0:n], n <= BLOCK, in the documented order."""
+    cdef float low[MIN_LANES]
+    cdef Py_ssize_t l
+    for l in range(MIN_LANES):
+        low[l] = 0.0
+    return _block_sum_low(x, n, low)
 
 
 cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
@@ -186,169 +304,200 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     """Mass of one row in the documented order; block sums written to ``block_sums``.
 
     x: [n] float32.  block_sums: [ceil(n / BLOCK)] float64 (output).
-    max_bits: output, the row's largest bit pattern read as uint32: below FLOAT_INF_BITS iff every
-    element is finite and non-negative, -0.0 excepted (see ``_all_valid``).
+    max_bits: output, below FLOAT_INF_BITS when every element is surely finite and non-negative
+    (-0.0 allowed), else FLOAT_INF_BITS: then ``_all_valid`` decides.  The pass folds validation
+    into the loads of the sums: a negative value (-Inf included) shows in the row's minimum, a NaN
+    or +Inf in its total (an overflowing block is rescued, so a valid row's total is finite).
     """
-    cdef Py_ssize_t start, width, b = 0, w
+    cdef float low[MIN_LANES]
+    cdef float lowest = 0.0
     cdef double total = 0.0
-    cdef uint32_t m = 0
-    while (b + WIDE) * BLOCK <= n:
-        m = _wide_block_sums(x + b * BLOCK, block_sums + b, m)
-        for w in range(WIDE):
-            total += block_sums[b + w]
-        b += WIDE
-    while b * BLOCK < n:
-        start = b * BLOCK
-        width = min(BLOCK, n - start)
-        block_sums[b] = _block_sum(x + start, width)
-        m = _max_bits(<const uint32_t*> x + start, width, m)  # the block is in L1 now
+    cdef float s
+    cdef Py_ssize_t b, l
+    for l in range(MIN_LANES):
+        low[l] = 0.0
+    for b in range(n // BLOCK):  # full blocks: _lane_sum inlined, no call per block
+        s = _lane_sum(x + b * BLOCK, STEPS, low)
+        block_sums[b] = <double> s if s <= FLT_MAX else _rescued_sum(x + b * BLOCK, STEPS)
         total += block_sums[b]
-        b += 1
-    max_bits[0] = m
+    if n % BLOCK:
+        b = n // BLOCK
+        block_sums[b] = _block_sum_low(x + b * BLOCK, n % BLOCK, low)
+        total += block_sums[b]
+    for l in range(MIN_LANES):
+        lowest = min(lowest, low[l])
+    max_bits[0] = 0 if lowest >= 0.0 and total <= DBL_MAX else FLOAT_INF_BITS
     return total
 
 
-cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcept nogil:
-    """Unnormalized residual max(0, p/P - q/Q) * P = max(0, p - q * (P/Q)), in float64.
+cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogil:
+    """factors[0:3] = (a, b, c) of the contract: q * mass_ratio is evaluated as ((q * a) * b) * c.
 
-    mass_ratio = P / Q.  p == q at any power-of-two scale gives exactly 0."""
-    cdef double d = <double> p - <double> q * mass_ratio
+    mass_ratio = P / Q > 0, clamped to [2^-300, 2^300].  With mass_ratio in [2^(e-1), 2^e): a = b = 1
+    and c = float32(mass_ratio) if |e| <= 100; else the excess exponent e - clamp(e, -100, 100) is
+    split into a = 2^(excess >> 1) and b = 2^(excess - (excess >> 1)), and c = float32(mass_ratio /
+    (a * b)) lies in [2^-101, 2^100).  All three are normal float32 numbers.
+    """
+    cdef int e, excess, half
+    cdef double r = min(max(mass_ratio, RATIO_LOWEST), RATIO_HIGHEST)
+    if RATIO_LOW <= r < RATIO_HIGH:  # |e| <= 100: the common case, without libm calls
+        factors[0] = 1.0
+        factors[1] = 1.0
+        factors[2] = <float> r
+        return
+    frexp(r, &e)
+    excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)
+    half = excess >> 1
+    factors[0] = <float> ldexp(1.0, half)
+    factors[1] = <float> ldexp(1.0, excess - half)
+    factors[2] = <float> ldexp(r, -excess)
+
+
+cdef inline float _weight(float p, float q, float a, float b, float c) noexcept nogil:
+    """Residual weight max(0, p - ((q * a) * b) * c) in float32 (see ``_ratio_factors``)."""
+    cdef float d = p - ((q * a) * b) * c
     return d if d > 0.0 else 0.0
 
 
+cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcept nogil:
+    """Unnormalized residual max(0, p/P - q/Q) * P = max(0, p - q * (P/Q)) as the contract
+    computes it (float32), returned as float64.  mass_ratio = P / Q.  p == q at any power-of-two
+    scale gives exactly 0.  (Loops hoist ``_ratio_factors`` and call ``_weight``.)"""
+    cdef float f[3]
+    _ratio_factors(mass_ratio, f)
+    return _weight(p, q, f[0], f[1], f[2])
+
+
+cdef inline void _residual_weights(const float* p, const float* q, Py_ssize_t n, const float* f,
+                                   float* w) noexcept nogil:
+    """w[0:n] = the residual weights of p, q[0:n] (n <= BLOCK), zero-padded to _steps(n) * LANES."""
+    cdef Py_ssize_t j
+    for j in range(n):
+        w[j] = _weight(p[j], q[j], f[0], f[1], f[2])
+    for j in range(n, _steps(n) * LANES):
+        w[j] = 0.0
+
+
 cdef inline double _residual_block_sum(const float* p, const float* q, Py_ssize_t n,
-                                       double mass_ratio) noexcept nogil:
-    """Sum of the residual weights of p[0:n], q[0:n], n <= BLOCK, in the documented lane order."""
-    cdef double acc[LANES]
-    cdef Py_ssize_t j, l, s
-    for l in range(LANES):
-        acc[l] = 0.0
+                                       const float* f) noexcept nogil:
+    """Sum of the residual weights of p[0:n], q[0:n], n <= BLOCK, in the documented order;
+    f = ``_ratio_factors(mass_ratio)``.  Same bits as ``_block_sum`` of the weights (a short or
+    overflowing block is summed as exactly that)."""
+    cdef float acc[LANES]
+    cdef float w[BLOCK]
+    cdef float a = f[0], b = f[1], c = f[2], s
+    cdef Py_ssize_t j, l, k
     if n == BLOCK:
-        # hot loop: residual block sums
-        for s in range(STEPS):
-            for l in range(LANES):
-                acc[l] += _residual_weight(p[s * LANES + l], q[s * LANES + l], mass_ratio)
-    else:
-        for j in range(n):
-            acc[j % LANES] += _residual_weight(p[j], q[j], mass_ratio)
-    return _combine_lanes(acc)
-
-
-cdef inline void _wide_residual_block_sums(const float* p, const float* q, double mass_ratio,
-                                           double* block_sums) noexcept nogil:
-    """Residual weight sums of the WIDE = 4 full blocks of p, q[0:4 * BLOCK] into block_sums[0:4];
-    same bits as four calls of ``_residual_block_sum`` (side by side as in ``_wide_block_sums``)."""
-    cdef double a0[LANES]
-    cdef double a1[LANES]
-    cdef double a2[LANES]
-    cdef double a3[LANES]
-    cdef Py_ssize_t s, j, l
-    for l in range(LANES):
-        a0[l] = 0.0
-        a1[l] = 0.0
-        a2[l] = 0.0
-        a3[l] = 0.0
-    # hot loop: wide residual block sums
-    for s in range(STEPS):
-        j = s * LANES
-        prefetch(p + 2 * WIDE * BLOCK + 4 * j)  # as in _wide_block_sums
-        prefetch(p + 2 * WIDE * BLOCK + 4 * j + 16)
-        prefetch(q + 2 * WIDE * BLOCK + 4 * j)
-        prefetch(q + 2 * WIDE * BLOCK + 4 * j + 16)
         for l in range(LANES):
-            a0[l] += _residual_weight(p[j + l], q[j + l], mass_ratio)
-            a1[l] += _residual_weight(p[BLOCK + j + l], q[BLOCK + j + l], mass_ratio)
-            a2[l] += _residual_weight(p[2 * BLOCK + j + l], q[2 * BLOCK + j + l], mass_ratio)
-            a3[l] += _residual_weight(p[3 * BLOCK + j + l], q[3 * BLOCK + j + l], mass_ratio)
-    block_sums[0] = _combine_lanes(a0)
-    block_sums[1] = _combine_lanes(a1)
-    block_sums[2] = _combine_lanes(a2)
-    block_sums[3] = _combine_lanes(a3)
+            acc[l] = 0.0
+        # hot loop: residual block sums
+        for k in range(STEPS):
+            j = k * LANES
+            for l in range(LANES):
+                acc[l] += _weight(p[j + l], q[j + l], a, b, c)
+        s = lane_tree(acc)
+        if s <= FLT_MAX:
+            return <double> s
+    _residual_weights(p, q, n, f, w)
+    return _block_sum(w, n)
 
 
 cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize_t n,
                                         double mass_ratio, double* block_sums) noexcept nogil:
-    """Block sums and total of the residual weights of one row pair (documented order)."""
-    cdef Py_ssize_t start, b = 0
+    """Block sums and total of the residual weights of one row pair (documented order).
+    mass_ratio = P / Q."""
+    cdef float f[3]
+    cdef Py_ssize_t b, start
     cdef double total = 0.0
-    while (b + WIDE) * BLOCK <= n:
-        _wide_residual_block_sums(p + b * BLOCK, q + b * BLOCK, mass_ratio, block_sums + b)
-        b += WIDE
-    while b * BLOCK < n:
-        start = b * BLOCK
-        block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start),
-                                            mass_ratio)
-        b += 1
+    _ratio_factors(mass_ratio, f)
     for b in range((n + BLOCK - 1) // BLOCK):
+        start = b * BLOCK
+        block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start), f)
         total += block_sums[b]
     return total
 
 
 cdef inline Py_ssize_t _pick_block(const double* block_sums, Py_ssize_t n_blocks, double target,
-                                   double* remainder) noexcept nogil:
+                                   double* fraction) noexcept nogil:
     """First block whose running sum (left to right, as for the total) exceeds ``target``.
 
-    Requires 0 <= target < total, so some block is found; ``remainder`` is target minus the sum
-    of the blocks before it.  Empty blocks are never picked.
+    Requires 0 <= target < total, so some block is found; ``fraction`` is target minus the sum of
+    the blocks before it, divided by the block's sum: the share of the block left for the element
+    (in [0, 1)), which the ``_scan_*`` functions take.  Empty blocks are never picked.
     """
     cdef double cumulative = 0.0
     cdef Py_ssize_t b
     for b in range(n_blocks):
         if cumulative + block_sums[b] > target:
-            remainder[0] = target - cumulative
+            fraction[0] = (target - cumulative) / block_sums[b]
             return b
         cumulative += block_sums[b]
     # Unreachable when target < total; keep the last non-empty block as a guard.
     for b in range(n_blocks - 1, -1, -1):
         if block_sums[b] > 0.0:
-            remainder[0] = 0.0
+            fraction[0] = 0.0
             return b
-    remainder[0] = 0.0
+    fraction[0] = 0.0
     return 0
 
 
-cdef inline Py_ssize_t _scan_target_block(const float* p, Py_ssize_t start, Py_ssize_t stop,
-                                          double remainder, Py_ssize_t excluded) noexcept nogil:
-    """Inverse-CDF scan of one block with weights p[j] (p[excluded] counted as 0).
-
-    Returns the first j whose running sum exceeds ``remainder``; if rounding lets the running sum
-    fall short, the last j with positive weight (the block is known to have some).
-    """
-    cdef double cumulative = 0.0, w
-    cdef Py_ssize_t j, last = start
-    for j in range(start, stop):
-        w = <double> p[j]
-        if w > 0.0 and j != excluded:
-            cumulative += w
+cdef inline Py_ssize_t _scan_weights(const float* w, Py_ssize_t n, double fraction) noexcept nogil:
+    """Inverse-CDF scan of one block's weights w[0:n] (zero-padded to a multiple of LANES), given
+    the ``fraction`` of the block's sum left (see ``_pick_block``): the first j with positive
+    weight whose running float64 sum exceeds fraction * (the block's float64 total, SCAN_LANES
+    lanes, halving tree); if rounding lets the running sum fall short, the last j with positive
+    weight (the block is known to have some)."""
+    cdef double acc[SCAN_LANES]
+    cdef double h[4]
+    cdef double cumulative = 0.0, target
+    cdef Py_ssize_t j, l, s, last = 0
+    for l in range(SCAN_LANES):
+        acc[l] = 0.0
+    for s in range((n + SCAN_LANES - 1) // SCAN_LANES):
+        for l in range(SCAN_LANES):
+            acc[l] += <double> w[s * SCAN_LANES + l]
+    for l in range(4):
+        h[l] = acc[l] + acc[l + 4]
+    target = fraction * ((h[0] + h[2]) + (h[1] + h[3]))
+    for j in range(n):
+        if w[j] > 0.0:
+            cumulative += w[j]
             last = j
-            if cumulative > remainder:
+            if cumulative > target:
                 return j
     return last
+
+
+cdef inline Py_ssize_t _scan_target_block(const float* p, Py_ssize_t start, Py_ssize_t stop,
+                                          double fraction, Py_ssize_t excluded) noexcept nogil:
+    """Draw inside the block p[start:stop] with weights p[j] (p[excluded] counted as 0; -1: none),
+    given ``fraction`` from ``_pick_block``."""
+    cdef float w[BLOCK]
+    _copy_block(p + start, stop - start, w)
+    if start <= excluded < stop:
+        w[excluded - start] = 0.0
+    return start + _scan_weights(w, stop - start, fraction)
 
 
 cdef inline Py_ssize_t _scan_residual_block(const float* p, const float* q, Py_ssize_t start,
                                             Py_ssize_t stop, double mass_ratio,
-                                            double remainder) noexcept nogil:
-    """As ``_scan_target_block`` with the residual weights max(0, p - q * P/Q)."""
-    cdef double cumulative = 0.0, w
-    cdef Py_ssize_t j, last = start
-    for j in range(start, stop):
-        w = _residual_weight(p[j], q[j], mass_ratio)
-        if w > 0.0:
-            cumulative += w
-            last = j
-            if cumulative > remainder:
-                return j
-    return last
+                                            double fraction) noexcept nogil:
+    """As ``_scan_target_block`` with the residual weights max(0, p - q * P/Q); mass_ratio = P/Q."""
+    cdef float f[3]
+    cdef float w[BLOCK]
+    _ratio_factors(mass_ratio, f)
+    _residual_weights(p + start, q + start, stop - start, f, w)
+    return start + _scan_weights(w, stop - start, fraction)
 
 
 cdef inline Py_ssize_t _sample_target(const float* p, Py_ssize_t n, const double* block_sums,
                                       double mass, double u) noexcept nogil:
     """Draw from p / mass with the uniform u, given the row's block sums."""
-    cdef double remainder
-    cdef Py_ssize_t b = _pick_block(block_sums, (n + BLOCK - 1) // BLOCK, u * mass, &remainder)
+    cdef double fraction
+    cdef Py_ssize_t b = _pick_block(block_sums, (n + BLOCK - 1) // BLOCK, u * mass, &fraction)
     cdef Py_ssize_t start = b * BLOCK
-    return _scan_target_block(p, start, min(start + BLOCK, n), remainder, -1)
+    check_index(start, n)
+    return _scan_target_block(p, start, min(start + BLOCK, n), fraction, -1)
 
 
 cdef inline Py_ssize_t _first_zero(const float* x, Py_ssize_t n) noexcept nogil:
@@ -411,6 +560,7 @@ cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) no
         return -1
     else:  # every value negative: the maximum has the smallest magnitude
         wanted, best_start = <int32_t> (<uint32_t> best_lo + 0x7F800001u), lo_start
+    check_index(best_start, n)
     for j in range(best_start, min(best_start + ARGMAX_BLOCK, n)):
         if xi[j] == wanted:
             return j
@@ -419,12 +569,11 @@ cdef inline Py_ssize_t _row_argmax(const float* x, Py_ssize_t n, int* status) no
 
 cdef inline double _block_sum_excluding(const float* p, Py_ssize_t start, Py_ssize_t stop,
                                         Py_ssize_t excluded) noexcept nogil:
-    """``_block_sum`` of p[start:stop] with p[excluded] counted as 0 (adding +0.0 to a lane
-    changes nothing, so this is the same order and the same bits as skipping it)."""
-    cdef float block[BLOCK]
-    cdef Py_ssize_t j
-    for j in range(start, stop):
-        block[j - start] = p[j]
-    block[excluded - start] = 0.0
-    return _block_sum(block, stop - start)
+    """``_block_sum`` of p[start:stop] with p[excluded] counted as 0 (on a copy: adding +0.0 to a
+    lane changes nothing, so these are the bits of skipping it)."""
+    cdef float w[BLOCK]
+    _copy_block(p + start, stop - start, w)
+    check_index(excluded - start, stop - start)
+    w[excluded - start] = 0.0
+    return _block_sum(w, stop - start)
 

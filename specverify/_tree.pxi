@@ -54,7 +54,9 @@ cdef inline double _remove_token(const float* x, Py_ssize_t v, int64_t t, const 
     return the row's new total."""
     cdef float block[BLOCK]
     cdef Py_ssize_t b = t // BLOCK
-    cdef Py_ssize_t width = _masked_block(x, b, v, removed, n_removed, block)
+    cdef Py_ssize_t width
+    check_index(t, v)
+    width = _masked_block(x, b, v, removed, n_removed, block)
     block_sums[b] = _block_sum(block, width)
     return _ordered_total(block_sums, (v + BLOCK - 1) // BLOCK)
 
@@ -70,6 +72,7 @@ cdef inline double _residual_sums(const float* p, const float* q, Py_ssize_t v, 
     if n_zeroed == 0:
         return total
     for j in range(n_zeroed):
+        check_index(zeroed[j], v)
         b = zeroed[j] // BLOCK
         width = _masked_block(p, b, v, zeroed, n_zeroed, block)
         _residual_block_sums(block, q + b * BLOCK, width, ratio, block_sums + b)
@@ -88,12 +91,13 @@ cdef int64_t _sample_and_match(const float* p, Py_ssize_t v, const double* targe
     remaining mass summed from the row with the earlier children removed; on total rejection
     draw from p without the children (from p itself if that has no mass after rounding)."""
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_removed = 0, b
-    cdef double mass = p_mass, remainder
+    cdef double mass = p_mass, fraction
     cdef float block[BLOCK]
     cdef int64_t t
     memcpy(blocks, target_blocks, n_blocks * sizeof(double))
     while child >= 0:
         t = tokens[child]
+        check_index(t, v)
         if uniforms[child] * mass < <double> p[t]:
             return child
         removed[n_removed] = t
@@ -101,9 +105,10 @@ cdef int64_t _sample_and_match(const float* p, Py_ssize_t v, const double* targe
         mass = _remove_token(p, v, t, removed, n_removed, blocks)
         child = next_sibling[child]
     if mass > 0.0:
-        b = _pick_block(blocks, n_blocks, final_u * mass, &remainder)
+        b = _pick_block(blocks, n_blocks, final_u * mass, &fraction)
+        check_index(b, n_blocks)
         _masked_block(p, b, v, removed, n_removed, block)
-        next_token[0] = b * BLOCK + _scan_target_block(block, 0, min(BLOCK, v - b * BLOCK), remainder, -1)
+        next_token[0] = b * BLOCK + _scan_target_block(block, 0, min(BLOCK, v - b * BLOCK), fraction, -1)
     else:
         next_token[0] = _sample_target(p, v, target_blocks, p_mass, final_u)
     return -1
@@ -124,7 +129,7 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
     before this one (without replacement; see ``specverify.reference_tree``); one pass each.
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_rejected = 0, n_zeroed, b, start, width
-    cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, remainder
+    cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, fraction
     cdef float block[BLOCK]
     cdef int64_t t
     cdef bint have_residual = False
@@ -132,6 +137,7 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
         memcpy(masked_draft_blocks, draft_blocks, n_blocks * sizeof(double))
     while child >= 0:
         t = tokens[child]
+        check_index(t, v)
         if not replacement and n_rejected > 0:
             draft_mass = _remove_token(q, v, rejected[n_rejected - 1], rejected, n_rejected,
                                        masked_draft_blocks)
@@ -151,10 +157,11 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
         child = next_sibling[child]
     if residual_mass > 0.0:
         n_zeroed = 0 if replacement else n_rejected - 1
-        b = _pick_block(residual_blocks, n_blocks, final_u * residual_mass, &remainder)
+        b = _pick_block(residual_blocks, n_blocks, final_u * residual_mass, &fraction)
+        check_index(b, n_blocks)
         start = b * BLOCK
         width = _masked_block(p, b, v, rejected, n_zeroed, block)
-        next_token[0] = start + _scan_residual_block(block, q + start, 0, width, ratio, remainder)
+        next_token[0] = start + _scan_residual_block(block, q + start, 0, width, ratio, fraction)
     else:
         # p <= q everywhere after rounding: p itself, as chain accept does.
         next_token[0] = _sample_target(p, v, target_blocks, p_mass, final_u)
@@ -336,7 +343,7 @@ cdef object _new_path(Py_ssize_t n, int64_t** data, _Held held):
     cdef Py_ssize_t count
     path = np.empty(n, np.int64)
     if not _read_vector(path, b'i', 8, &raw, &count, held):
-        raise AssertionError("np.empty produced an unreadable array")
+        _unreadable("the accepted path")
     data[0] = <int64_t*> raw
     return path
 

@@ -344,7 +344,7 @@ cdef int _warp_rows(const float* x, Py_ssize_t x_stride, Py_ssize_t n, Py_ssize_
 
 cdef object _raise_row_status(int status, str name, object rows, Py_ssize_t row):
     if status == BAD_SCORES:
-        raise ValueError(_inputs.describe_bad_values(_inputs.row_as_numpy(rows, row), name, row,
+        raise ValueError(_inputs.describe_bad_values(_inputs.row_copy(rows, row), name, row,
                                                      allow_negative=True)
                          + " (logits must be finite or -inf)")
     if status == NO_FINITE_SCORE:
@@ -364,7 +364,7 @@ def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float mi
     cdef int status
     # (Rows, not typed memoryviews: those bring atomic reference counts, i.e. ARMv8.1 code.)
     if not (_read_rows(logits, &x, held) and _read_rows(out, &o, held)):
-        raise AssertionError("warp_into: logits and out must be float32 rows with unit inner stride")
+        _unreadable("logits or out")
     if x.rows == 0:
         return out
     with nogil:
@@ -387,7 +387,7 @@ cdef float* _scratch_rows(Py_ssize_t rows, Py_ssize_t v) except NULL:
     if scratch is None or scratch.shape[1] < rows * v:
         scratch = _warp_per_thread.rows = np.empty((1, max(rows * v, 1)), dtype=np.float32)
     if not _read_rows(scratch, &view, _Held()):
-        raise AssertionError("warp scratch: unreadable array")
+        _unreadable("the warp scratch")
     return <float*> view.data
 
 

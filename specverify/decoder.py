@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
+from . import _inputs
 from .ops import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
 from .tree_drafts import DraftTree
 
@@ -227,7 +228,7 @@ class SpeculativeDecoder:
         drafted = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
         if isinstance(drafted, DraftTree):
             return drafted  # the stop rule cuts chains
-        tokens, probs = drafted
+        tokens, probs = draft_result(drafted)
         if probs is not None:
             j = confidence_cut(stop, probs, tokens)
             tokens, probs = tokens[:j], probs[:j]
@@ -279,23 +280,23 @@ class SpeculativeDecoder:
             asked = m = int(self.policy.draft_length(remaining - 1)) if remaining > 1 else 0
             if not 0 <= m < remaining:
                 raise ValueError(f"policy {self.policy!r} asked for {m} draft tokens, allowed 0..{remaining - 1}")
-            prefix = buf[:n]
+            prefix = buf[:n]  # each callback gets its own copy: writing to it changes no output
             draft_probs = None
             draft_s = 0.0
             tree = None  # a DraftTree when the draft returned one (then m counts its nodes)
             if m > 0:
                 t0 = clock()
-                drafted = self._draft(prefix, m)
+                returned = self._draft(prefix.clone(), m)  # ([m], [m, V] or None) or a DraftTree
                 draft_s = clock() - t0
                 stats.draft_time += draft_s
-                if isinstance(drafted, DraftTree) and drafted.n_nodes:
-                    tree = self._checked_tree(drafted, m)
-                    drafted = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
+                if isinstance(returned, DraftTree) and returned.n_nodes:
+                    tree = self._checked_tree(returned, m)
+                    returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
+                elif isinstance(returned, DraftTree):
+                    returned = (returned.tokens, None)  # an empty tree: a plain target step
+                tokens, draft_probs = draft_result(returned)
+                if tree is not None:
                     m = tree.n_nodes
-                elif isinstance(drafted, DraftTree):
-                    drafted = (drafted.tokens, None)  # an empty tree: a plain target step
-                tokens, draft_probs = drafted  # [m], [m, V] or None
-                tokens = torch.as_tensor(tokens).reshape(-1).to(torch.int64)
                 if tokens.numel() > m:
                     raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
                 if tree is None:
@@ -307,18 +308,15 @@ class SpeculativeDecoder:
 
             t0 = clock()
             if tree is None:
-                target_probs = self.target_step(prefix, tokens)  # [m+1, V]
+                target_probs = self.target_step(prefix.clone(), tokens.clone())  # [m+1, V]
             else:
-                target_probs = self.target_step(prefix, tokens, tree.parents)  # [N+1, V]
+                target_probs = self.target_step(prefix.clone(), tokens.clone(), tree.parents)  # [N+1, V]
             target_s = clock() - t0
             stats.target_time += target_s
-            if tuple(target_probs.shape[:1]) != (m + 1,):
-                raise ValueError(
-                    f"target_step returned {tuple(target_probs.shape)} rows, expected [{m + 1}, V]"
-                )
-            draft_rows = m if tree is None else m + 1
-            if draft_probs is not None and m > 0 and tuple(draft_probs.shape[:1]) != (draft_rows,):
-                raise ValueError(f"draft probs have shape {tuple(draft_probs.shape)}, expected [{draft_rows}, V]")
+            target_probs = score_rows(target_probs, "target_step returned target_probs", m + 1)
+            if draft_probs is not None and m > 0:
+                draft_rows = m if tree is None else m + 1
+                draft_probs = score_rows(draft_probs, "draft_step returned probs", draft_rows)
 
             t0 = clock()
             if tree is None:
@@ -346,6 +344,50 @@ class SpeculativeDecoder:
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()
+
+
+# -- what the callbacks return, checked at the boundary ----------------------------------------
+
+def _described(x) -> str:
+    """What a callback returned, for an error message: its type, and shape/dtype or a short repr."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(x).__name__} of shape {list(shape)} and dtype {dtype}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def draft_result(returned) -> Tuple[torch.Tensor, Optional[object]]:
+    """``(tokens [j] int64 tensor, probs or None)`` from what ``draft_step`` returned.
+
+    Token ids must be integers in a 1-D sequence (list, array or tensor; booleans, floats, complex
+    numbers, strings, nested lists and ids outside int64 are refused rather than cast); anything
+    else raises TypeError/ValueError/IndexError naming draft_step and what it returned.
+    """
+    if not (isinstance(returned, (tuple, list)) and len(returned) == 2):
+        raise TypeError(f"draft_step must return a pair (tokens, probs or None), got {_described(returned)}")
+    tokens, probs = returned
+    try:
+        tokens = _inputs.tokens_int64(tokens, "tokens")
+    except (TypeError, ValueError, IndexError) as error:
+        raise type(error)(f"draft_step returned unusable tokens ({_described(tokens)}): {error}") from None
+    return torch.as_tensor(tokens), probs
+
+
+def score_rows(rows, what: str, n_rows: int):
+    """``rows`` if it is a 2-D ``[n_rows, V]`` array-like (tensor, array or nested list, which
+    the ops accept), else a TypeError/ValueError saying what the callback returned."""
+    if rows is None or isinstance(rows, (str, bytes)):
+        raise TypeError(f"{what} {_described(rows)}, expected [{n_rows}, V] scores")
+    shape = getattr(rows, "shape", None)
+    if shape is None:
+        try:
+            shape = np.shape(rows)
+        except ValueError:  # ragged nested lists
+            raise TypeError(f"{what} {_described(rows)}, expected [{n_rows}, V] scores") from None
+    if len(shape) != 2 or shape[0] != n_rows:
+        raise ValueError(f"{what} of shape {list(shape)}, expected [{n_rows}, V]")
+    return rows
 
 
 def _takes_keyword(fn, name: str) -> bool:

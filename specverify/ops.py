@@ -440,9 +440,9 @@ def _writable_rows(out, shape):
         raise TypeError(f"out must be a float32 ndarray or tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
-    if not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("out must be C-contiguous and writable")
-    return out
+    if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+        raise ValueError("out must be C-contiguous, aligned and writable")
+    return out.view(np.ndarray)  # a subclass (np.memmap, ...) as a plain view of the same memory
 
 
 def accept_logits(target_logits, draft_logits, draft_tokens, generator=None, *, temperature=1.0,

@@ -1,5 +1,7 @@
 """The kernels agree with specverify.reference exactly, given the same uniforms."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -141,18 +143,31 @@ def test_accept_at_the_seed_sizes_matches_reference(rng):
             assert sv.accept_from_uniforms(target, draft, tokens, uniforms) == want
 
 
-def test_summation_order_is_the_documented_one(rng):
-    # reference.block_sums (vectorized cumsum) equals the plain loop the docstring describes.
-    x = rng.random(1000) * 10.0 ** rng.uniform(-20, 20, 1000)
-    lanes_per_block = []
+def documented_block_sums(x):
+    """The block sums as the contract's text describes them, one float32 scalar operation at a time."""
+    sums = []
     for start in range(0, x.size, reference.BLOCK):
-        acc = [0.0] * reference.LANES
+        lanes = [np.float32(0.0)] * reference.LANES
         for j in range(start, min(start + reference.BLOCK, x.size)):
-            acc[(j - start) % reference.LANES] += x[j]
-        h = [acc[l] + acc[l + 4] for l in range(4)]
-        g = [h[l] + h[l + 2] for l in range(2)]
-        lanes_per_block.append(g[0] + g[1])
-    assert list(reference.block_sums(x)) == lanes_per_block
+            lanes[(j - start) % reference.LANES] = lanes[(j - start) % reference.LANES] + x[j]
+        while len(lanes) > 1:  # halving tree: lane l + half folds into lane l
+            half = len(lanes) // 2
+            lanes = [lanes[l] + lanes[l + half] for l in range(half)]
+        sums.append(float(lanes[0]))
+    return sums
+
+
+def test_summation_order_is_the_documented_one(rng):
+    # reference.block_sums (vectorized cumsum) equals the plain float32 loop the contract describes.
+    x = (rng.random(1000) * 10.0 ** rng.uniform(-20, 20, 1000)).astype(np.float32)
+    want = documented_block_sums(x)
+    assert list(reference.block_sums(x)) == want
+    # ... and the test can tell orders apart: sequential float32 sums, or float64 lanes, differ.
+    sequential = [float(np.cumsum(x[s:s + reference.BLOCK], dtype=np.float32)[-1])
+                  for s in range(0, x.size, reference.BLOCK)]
+    float64_blocks = [math.fsum(x[s:s + reference.BLOCK].astype(np.float64))
+                      for s in range(0, x.size, reference.BLOCK)]
+    assert sequential != want and float64_blocks != want
     from specverify import _kernels
 
     assert (_kernels.block_size(), _kernels.lane_count()) == (reference.BLOCK, reference.LANES)

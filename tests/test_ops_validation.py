@@ -45,7 +45,7 @@ def bad_accept_inputs():
         ("negative_token", t, d, [1, -1, 2], IndexError, "draft_tokens[1] = -1"),
         ("token_eq_vocab", t, d, [1, 2, V], IndexError, "draft_tokens[2] = 10"),
         ("huge_token", t, d, [1, 2, 2**62], IndexError, "draft_tokens[2]"),
-        ("beyond_int64_token", t, d, [1, 2, big], IndexError, "draft_tokens holds a token id outside"),
+        ("beyond_int64_token", t, d, [1, 2, big], IndexError, "draft_tokens[2] = 1180591620717411303424 is outside the int64"),
         ("huge_uint_token", t, d, np.array([1, 2, 2**64 - 1], dtype=np.uint64), IndexError, "draft_tokens"),
         ("nan_target", with_value(t, 0, 4, np.nan), d, k, ValueError, "target_probs[0] contains NaN"),
         ("inf_target", with_value(t, 0, 4, np.inf), d, k, ValueError, "target_probs[0] contains inf"),

@@ -3,7 +3,7 @@
     python tools/cross_build.py --repo . --out BUILD_DIR
 
 Executes setup.py with ``cythonize`` and ``setup`` intercepted (SPECVERIFY_CPU=none, so no CPU
-flag is captured; SPECVERIFY_BOUNDSCHECK unset, i.e. the release directives), then runs the real
+flag is captured; SPECVERIFY_BOUNDSCHECK and SPECVERIFY_BUILD unset, i.e. the release directives), then runs the real
 ``cythonize`` with the captured compiler directives into BUILD_DIR (never next to the .pyx).
 Prints one tab-separated line per extension for the shell:
 
@@ -38,6 +38,7 @@ def capture_setup(repo: str):
         setuptools.setup = fake_setup
         os.environ["SPECVERIFY_CPU"] = "none"
         os.environ.pop("SPECVERIFY_BOUNDSCHECK", None)
+        os.environ.pop("SPECVERIFY_BUILD", None)
         os.chdir(repo)
         sys.argv = ["setup.py", "--name"]
         runpy.run_path("setup.py", run_name="__main__")
