@@ -221,8 +221,14 @@ def continuation_test(cls, *, vocab, length, k, runs, seed, lam=0.5, pass_probs=
     # a point-mass draft (no probs) must propose deterministically: its argmax
     d, t = markov_callbacks(target, draft, g_draft, greedy=not pass_probs, pass_probs=pass_probs)
     dec = cls(short_proposals(d) if short else d, t, k=k, greedy=False, generator=g_verify, method=method)
+    return continuation_chisquare(dec, target, length, runs)
+
+
+def continuation_chisquare(dec, target, length, runs):
+    """``(chi-square of the counts of the continuations of [1, 2] against the target's joint law,
+    mean rounds per run)`` over ``runs`` calls of ``dec.generate``."""
     prompt = torch.tensor([1, 2], dtype=torch.int64)
-    counts = np.zeros(vocab**length, dtype=np.int64)
+    counts = np.zeros(target.vocab**length, dtype=np.int64)
     rounds = 0
     for _ in range(runs):
         out = dec.generate(prompt, max_new=length)[2:]

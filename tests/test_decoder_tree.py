@@ -18,7 +18,7 @@ from experiments import stats as st  # noqa: E402
 from experiments.synthetic import BigramModel  # noqa: E402
 from specverify import law  # noqa: E402
 from specverify.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
-from test_decoder import bigram_pair  # noqa: E402
+from test_decoder import bigram_pair, continuation_chisquare  # noqa: E402
 from tree_rules import target_only_not_renormalized, walk  # noqa: E402
 
 ALPHA = 1e-6  # per law test; every test below is deterministic (fixed seeds)
@@ -190,14 +190,7 @@ def tree_continuation_test(cls, *, vocab, length, k, runs, seed, widths, reverse
     target, draft = bigram_pair(seed, vocab, lam=lam)
     dec = cls(markov_tree_draft(draft, widths, reverse), markov_tree_target(target), k=k, greedy=False,
               generator=np.random.default_rng(seed))
-    prompt = torch.tensor([1, 2])
-    counts = np.zeros(vocab**length, dtype=np.int64)
-    rounds = 0
-    for _ in range(runs):
-        out = dec.generate(prompt, max_new=length)[2:]
-        counts[target.continuation_index(out.tolist())] += 1
-        rounds += dec.stats.rounds
-    return st.chisquare_counts(counts, target.continuation_law(int(prompt[-1]), length)), rounds / runs
+    return continuation_chisquare(dec, target, length, runs)
 
 
 TREE_CASES = [  # (vocab, length, k, widths, reverse)
