@@ -351,6 +351,30 @@ GENERATOR_UNIFORMS = {
 }
 
 
+
+def _batch_call(method, with_draft):
+    """The op as one request of ``verify_batch``: ``(num_accepted, its next token)``."""
+    def call(a):
+        k = len(a["draft_tokens"])
+        out, num_accepted = sv.verify_batch(
+            a["target_probs"], a["draft_probs"] if with_draft else None, a["draft_tokens"], [0, k],
+            method=method, uniforms=a.get("uniforms"))
+        n = int(num_accepted[0])
+        return n, int(out[0, n])
+    return call
+
+
+# verify_batch with one request equals its single op; only in the values property (its corrupted
+# arguments are named per request, tests/test_batch.py checks those messages).
+BATCH_OPS = [
+    Op("verify_batch_greedy", scores=True, draft=False, uniforms=False, call=_batch_call("greedy", False),
+       expected=lambda c: chain_expected(c, _greedy_reference, True, False)),
+    Op("verify_batch_token", scores=False, draft=True, uniforms=True, call=_batch_call("token", True),
+       expected=lambda c: chain_expected(c, _accept_reference, False, True)),
+    Op("verify_batch_block_point_mass", scores=False, draft=False, uniforms=True, call=_batch_call("block", False),
+       expected=lambda c: chain_expected(c, _block_reference, False, False, reads_every_row=True)),
+]
+
 def draw_tree(rng, target, n, v):
     """parents [N] (topological) and tokens [N], distinct among siblings, mostly the argmax of
     their parent position's row (so paths go deep)."""
@@ -429,7 +453,7 @@ def assert_matches(got, want):
         assert got[0] == "error" and got[1] is want[1] and want[2] in got[2], f"got {got}, expected {want}"
 
 
-@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@pytest.mark.parametrize("op", OPS + BATCH_OPS, ids=lambda op: op.name)
 @FUZZ
 @given(data=st.data())
 def test_any_values_in_any_layout_match_the_reference_or_name_the_bad_row(op, data):
