@@ -351,6 +351,10 @@ cdef object _raise_row_status(int status, str name, object rows, Py_ssize_t row)
         raise ValueError(f"{name}[{row}] is -inf everywhere: no token can be sampled")
     if status == NO_MEMORY:
         raise MemoryError("specverify: could not allocate the warp kernel's scratch memory")
+    if status in (BAD_TARGET_VALUES, BAD_DRAFT_VALUES, ZERO_TARGET_MASS, ZERO_DRAFT_MASS):
+        # The verify kernel flagged a warped row: only a caller writing the logits during the
+        # call (after the warp pass validated them) gets here.
+        raise ValueError(f"{name}[{row}] changed during the call: its warped probabilities are invalid")
     raise RuntimeError(f"specverify warp kernel returned unknown status {status}")
 
 
@@ -454,7 +458,7 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     finally:
         free(tokens)
     if status != OK:
-        if draft_failed:
+        if draft_failed or status == BAD_DRAFT_VALUES or status == ZERO_DRAFT_MASS:
             _raise_row_status(status, "draft_logits", draft_logits, bad_row)
         _raise_row_status(status, "target_logits", target_logits, bad_row)
     return n_accepted, next_token

@@ -55,7 +55,8 @@ def _path_end(result):
 
 
 # What a raised error may say: the argument the writer touched.
-EXPECTED_ERRORS = {IndexError: ("draft_tokens[1] = ",), ValueError: ("target_probs[2] ", "uniforms must lie")}
+EXPECTED_ERRORS = {IndexError: ("draft_tokens[1] = ",),
+                   ValueError: ("target_probs[2] ", "target_logits[2] ", "uniforms must lie")}
 
 ops = {
     "accept": lambda: sv.accept(target, draft, tokens, generator),
@@ -77,6 +78,17 @@ if hasattr(sv, "accept_tree"):  # the tree ops, on a chain-shaped tree (rows [N+
         "accept_tree_deterministic": lambda: _path_end(
             sv.accept_tree_from_uniforms(target, None, tokens, parents, uniforms)),
     })
+if hasattr(sv, "verify_batch"):  # one request of a batch
+    def _batch_end(result):
+        out, num_accepted = result
+        n = int(num_accepted[0])
+        return n, int(out[0, n])
+
+    ops["verify_batch"] = lambda: _batch_end(sv.verify_batch(target, draft, tokens, [0, K], method="token",
+                                                             uniforms=uniforms))
+if hasattr(sv, "accept_logits"):  # the target rows as logits: NaN stays NaN, tokens and uniforms as above
+    ops["accept_logits_from_uniforms"] = lambda: sv.accept_logits_from_uniforms(
+        target, draft, tokens, uniforms, temperature=0.8, top_p=0.9)
 thread = threading.Thread(target=writer, daemon=True)
 thread.start()
 counts = {}

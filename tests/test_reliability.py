@@ -282,6 +282,12 @@ def test_threads_on_shared_inputs_equal_serial_results():
         path, token = result
         return tuple(path.tolist()), token
 
+    def batch(result):
+        out, num_accepted = result
+        return out.tobytes(), num_accepted.tobytes()
+
+    logits, draft_logits = np.log(target), np.log(draft)
+
     def run(i):
         u = uniforms[i % len(uniforms)]
         return (sv.accept_from_uniforms(target, draft, tokens, u),
@@ -290,7 +296,10 @@ def test_threads_on_shared_inputs_equal_serial_results():
                 sv.accept(target, draft, tokens, np.random.default_rng(i)),
                 sv.accept_block_from_uniforms(target, draft, tokens, u),
                 tree(sv.verify_tree_greedy(target, tokens, parents)),
-                tree(sv.accept_tree_from_uniforms(target, tree_draft, tokens, parents, u, replacement=True)))
+                tree(sv.accept_tree_from_uniforms(target, tree_draft, tokens, parents, u, replacement=True)),
+                batch(sv.verify_batch(target, draft, tokens, [0, k], method="token", uniforms=u, num_threads=1)),
+                sv.accept_logits_from_uniforms(logits, draft_logits, tokens, u, temperature=0.8, top_p=0.9),
+                sv.warp(logits, temperature=0.8, top_k=50).tobytes())
 
     calls = 400
     serial = [run(i) for i in range(calls)]
