@@ -25,6 +25,12 @@ __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "a
 BATCH_METHODS = _kernels.BATCH_METHODS
 
 
+def _require_uniforms(uniforms, count):
+    """The ``*_from_uniforms`` entries take their uniforms explicitly: None is a caller's mistake."""
+    if uniforms is None:
+        raise TypeError(f"uniforms must be the {count} float64 uniforms of the call, got None")
+
+
 def verify_greedy(target_probs, draft_tokens):
     """Greedy (temperature-0) verification.
 
@@ -109,8 +115,7 @@ def accept_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
     ``accept(t, d, k, g)`` equals ``accept_from_uniforms(t, d, k, u)`` when ``u`` holds the
     draws ``accept`` documents; this is the entry the reference-agreement tests use.
     """
-    if uniforms is None:
-        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    _require_uniforms(uniforms, "K + 1")
     return _kernels.accept(target_probs, draft_probs, draft_tokens, None, uniforms)
 
 
@@ -174,8 +179,7 @@ def accept_block(target_probs, draft_probs, draft_tokens, generator=None):
 
 def accept_block_from_uniforms(target_probs, draft_probs, draft_tokens, uniforms):
     """``accept_block`` with its ``K + 1`` uniforms given explicitly (float64, each in ``[0, 1)``)."""
-    if uniforms is None:
-        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    _require_uniforms(uniforms, "K + 1")
     return _kernels.accept_block(target_probs, draft_probs, draft_tokens, None, uniforms)
 
 
@@ -261,8 +265,7 @@ def accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None
 
 def accept_tree_from_uniforms(target_probs, draft_probs, draft_tokens, parents, uniforms, *, replacement=False):
     """``accept_tree`` with its ``N + 1`` uniforms given explicitly (float64, each in ``[0, 1)``)."""
-    if uniforms is None:
-        raise TypeError("uniforms must be the N + 1 float64 uniforms of the call, got None")
+    _require_uniforms(uniforms, "N + 1")
     return _kernels.accept_tree(target_probs, draft_probs, draft_tokens, parents, None, uniforms, replacement)
 
 
@@ -469,8 +472,7 @@ def accept_logits(target_logits, draft_logits, draft_tokens, generator=None, *, 
 def accept_logits_from_uniforms(target_logits, draft_logits, draft_tokens, uniforms, *,
                                 temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """:func:`accept_logits` with its ``K + 1`` uniforms given explicitly (float64 in [0, 1))."""
-    if uniforms is None:
-        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    _require_uniforms(uniforms, "K + 1")
     return _accept_logits(target_logits, draft_logits, draft_tokens, None, uniforms,
                           temperature, top_k, top_p, min_p)
 
@@ -487,8 +489,7 @@ def accept_block_logits(target_logits, draft_logits, draft_tokens, generator=Non
 def accept_block_logits_from_uniforms(target_logits, draft_logits, draft_tokens, uniforms, *,
                                       temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """:func:`accept_block_logits` with its ``K + 1`` uniforms given explicitly."""
-    if uniforms is None:
-        raise TypeError("uniforms must be the K + 1 float64 uniforms of the call, got None")
+    _require_uniforms(uniforms, "K + 1")
     return _accept_logits(target_logits, draft_logits, draft_tokens, None, uniforms,
                           temperature, top_k, top_p, min_p, _kernels.accept_block_logits)
 
