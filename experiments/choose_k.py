@@ -311,7 +311,7 @@ def plot(out_dir=None, out_path=None) -> Path:
     return out_path
 
 
-def make_params(max_new=64, repeats=3, threads=1, decay=0.9, clock="process"):
+def make_params(max_new=64, repeats=3, threads=1, decay=0.98, clock="process"):
     return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay, clock=clock)
 
 
@@ -320,7 +320,7 @@ def main(argv=None):
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--decay", type=float, default=0.9, help="AdaptiveK's per-round forgetting factor")
+    ap.add_argument("--decay", type=float, default=0.98, help="AdaptiveK's per-round forgetting factor")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="process",
                     help="process: CPU seconds of this process (robust to a shared machine's load); wall")
     ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")

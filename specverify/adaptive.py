@@ -157,19 +157,21 @@ class FixedK:
 class _CostCurve:
     """Seconds as a function of a length x = 1..x_max, learned from decayed observations.
 
-    Where x was observed the estimate is the decayed mean there, shrunk towards a decayed least
-    squares line ``b0 + b1 (x - 1)`` by ``pseudo`` observations of the line; unobserved lengths
-    get the line. The line's slope is pulled to a prior, ``b1 = (Sxy + ridge s0) / (Sxx + ridge)``
-    with ``s0 = 0`` (extra positions free) or, ``proportional=True``, ``s0 = mean(y) / mean(x)``
-    (cost proportional to x), so that with all observations at one x the prior decides the rest.
-    The per-length means follow steps the line cannot (on a CPU, a target pass scoring one token
-    runs a matrix-vector product and is often much cheaper than one scoring two).
+    Where x was observed the estimate is the decayed mean there. Between observed lengths it is
+    interpolated linearly; beyond the observed range it continues from the nearest observed
+    length with a prior slope: ``0`` (extra positions free) or, ``proportional=True``,
+    ``mean(y) / mean(x)`` (cost proportional to x). Unobserved lengths are thus priced
+    optimistically, as the acceptance prior is, and for the same reason: a length priced too high
+    is never tried, so its price is never corrected, while one priced too low is tried and
+    measured. (A least-squares line through the observations would be the pessimistic choice on
+    a CPU, where a target pass scoring one token is a matrix-vector product much cheaper than one
+    scoring two, and passes scoring 2..9 tokens cost nearly the same: the step from 1 to 2 would
+    be extended to every longer pass.)
     """
 
-    def __init__(self, decay: float, x_max: int, proportional: bool = False, ridge: float = 1.0,
-                 pseudo: float = 2.0):
-        self.decay, self.proportional, self.ridge, self.pseudo = decay, proportional, ridge, pseudo
-        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+    def __init__(self, decay: float, x_max: int, proportional: bool = False):
+        self.decay, self.proportional = decay, proportional
+        self.wx = self.wy = 0.0  # decayed sums of x and of y over every observation
         self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
         self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
 
@@ -180,26 +182,25 @@ class _CostCurve:
         if x < self.w_at.size:
             self.w_at[x] += 1.0
             self.y_at[x] += y
-        x = x - 1.0
-        self.w = d * self.w + 1.0
         self.wx = d * self.wx + x
         self.wy = d * self.wy + y
-        self.wxx = d * self.wxx + x * x
-        self.wxy = d * self.wxy + x * y
 
     @property
     def seen(self) -> bool:
-        return self.w > 0.0
+        return bool(np.any(self.w_at > _NEGLIGIBLE_WEIGHT))
 
     def __call__(self, xs) -> np.ndarray:
         xs = np.asarray(xs, dtype=np.int64)
-        mx, my = self.wx / self.w, self.wy / self.w
-        sxx = self.wxx - self.w * mx * mx
-        sxy = self.wxy - self.w * mx * my
-        prior = my / (mx + 1.0) if self.proportional else 0.0
-        slope = (sxy + self.ridge * prior) / (sxx + self.ridge)
-        line = my + slope * (xs - 1.0 - mx)
-        return (self.y_at[xs] + self.pseudo * line) / (self.w_at[xs] + self.pseudo)
+        seen = np.nonzero(self.w_at > _NEGLIGIBLE_WEIGHT)[0]  # observed lengths, increasing
+        means = self.y_at[seen] / self.w_at[seen]
+        slope = self.wy / self.wx if self.proportional else 0.0
+        est = np.interp(xs, seen, means)  # constant outside [seen[0], seen[-1]]
+        est = np.where(xs > seen[-1], means[-1] + slope * (xs - seen[-1]), est)
+        return np.where(xs < seen[0], np.maximum(means[0] - slope * (seen[0] - xs), 0.0), est)
+
+
+# An observation whose weight has decayed below this no longer counts as seen.
+_NEGLIGIBLE_WEIGHT = 1e-3
 
 
 class AdaptiveK:
@@ -210,12 +211,13 @@ class AdaptiveK:
 
     - ``a_i``: P(draft i accepted | proposed, drafts before accepted), i = 1..k_max, a
       Beta-Binomial posterior per position whose prior (strength ``prior_strength`` rounds) is
-      the pooled rate over all positions, itself pulled to ``prior_rate``;
+      ``prior_rate`` for position 1 and the pooled rate of positions 2.. (itself pulled to
+      ``prior_rate``) for the others;
     - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
       (prior 1: drafts propose what they are asked unless seen otherwise);
     - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
-      for n scored tokens, learned from the decoder's timings (per-length means shrunk to a line,
-      see :class:`_CostCurve`; ``draft_cost`` and
+      for n scored tokens, learned from the decoder's timings (per-length means, unobserved
+      lengths priced optimistically, see :class:`_CostCurve`; ``draft_cost`` and
       ``target_cost`` given instead: a fixed cost model in units of a one-token target pass, as
       :func:`specverify.law.speedup_curve` takes them; no clock is read).
 
@@ -265,8 +267,14 @@ class AdaptiveK:
 
     # -- estimates ----------------------------------------------------------------------------
     def _posterior(self, hits, trials, prior_mean):
-        pooled = (hits.sum() + self.prior_strength * prior_mean) / (trials.sum() + self.prior_strength)
-        return (hits + self.prior_strength * pooled) / (trials + self.prior_strength)
+        """Posterior means of per-position rates: position 1 shrunk to ``prior_mean``, positions
+        2.. to their pooled rate (itself pulled to ``prior_mean``). Position 1 is kept out of the
+        pool because it differs in kind: it asks whether the draft has anything right at all (for
+        prompt lookup, whether the n-gram recurs), the later ones whether a right start goes on."""
+        s = self.prior_strength
+        later = (hits[1:].sum() + s * prior_mean) / (trials[1:].sum() + s)
+        prior = np.concatenate([[prior_mean], np.full(hits.size - 1, later)])  # [k_max]
+        return (hits + s * prior) / (trials + s)
 
     def rates(self) -> np.ndarray:
         """``[k_max]`` estimated conditional acceptance ``a_i``."""
