@@ -79,7 +79,7 @@ cdef enum:
     LANES = 64          # float32 lanes per block: four AVX-512 vectors, eight AVX2, sixteen NEON
     BLOCK = 256
     STEPS = BLOCK // LANES
-    MIN_LANES = 16      # lanes of the validation minimum (a quarter of LANES: fewer registers)
+    SIGN_LANES = 16     # lanes of the validation's OR of bits (a quarter of LANES: one vector)
     SCAN_LANES = 8      # float64 lanes of a draw's in-block total
     ARGMAX_BLOCK = 512  # argmax blocks: no summation order to keep, so larger (fewer reductions)
     CACHE_LINE = 64
@@ -108,6 +108,7 @@ cdef extern from *:
     const uint32_t FLOAT_INF_BITS "SV_FLOAT_INF_BITS"
     const uint32_t NEGATIVE_ZERO_BITS "SV_NEGATIVE_ZERO_BITS"
     const uint32_t NEGATIVE_INF_BITS "SV_NEGATIVE_INF_BITS"
+
 
 # A read hint (no fault past the end of a row; a no-op where the compiler has none).
 cdef extern from *:
@@ -163,7 +164,46 @@ cdef extern from *:
             + __builtin_shufflevector(f, f, 4, 5, 6, 7);                      /* half = 4 */
         return (e[0] + e[2]) + (e[1] + e[3]);      /* half = 2, then 1 */
     }
+    #endif
+    /* _lane_sum's loop for AVX-512 (four 16-float vectors per 256-byte step, each loaded once,
+       feeding the lane sums and the OR of the elements' bits).  Written as Cython loops, gcc
+       loads every element twice on x86-64, once as a memory operand of each use, and those
+       loads bound the pass; the empty asm pins each loaded vector in its register.  Other
+       targets (NEON has no memory operands) keep the portable loop; SV_PORTABLE_LOOPS forces
+       it (tools/check_vectorization.py checks those loops). */
+    #if defined(__AVX512F__) && !defined(SV_PORTABLE_LOOPS) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+    #define SV_WIDE_LANE_SUM 1
+    typedef unsigned int sv_u32x16 __attribute__((vector_size(64)));
+    static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
+        sv_f32x16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, v0, v1, v2, v3;
+        sv_u32x16 bits;
+        float lanes[64];
+        Py_ssize_t step;
+        memcpy(&bits, signs, 64);
+        for (step = 0; step < steps; step++) {
+            memcpy(&v0, x + 64 * step, 64);
+            memcpy(&v1, x + 64 * step + 16, 64);
+            memcpy(&v2, x + 64 * step + 32, 64);
+            memcpy(&v3, x + 64 * step + 48, 64);
+            __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
+            s0 += v0; s1 += v1; s2 += v2; s3 += v3;   /* lanes 0-15, 16-31, 32-47, 48-63 */
+            bits |= ((sv_u32x16) v0 | (sv_u32x16) v1) | ((sv_u32x16) v2 | (sv_u32x16) v3);
+        }
+        memcpy(signs, &bits, 64);
+        memcpy(lanes, &s0, 64);
+        memcpy(lanes + 16, &s1, 64);
+        memcpy(lanes + 32, &s2, 64);
+        memcpy(lanes + 48, &s3, 64);
+        return sv_lane_tree(lanes);
+    }
     #else
+    #define SV_WIDE_LANE_SUM 0
+    static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
+        (void) x; (void) steps; (void) signs;
+        return 0.0f;   /* never called: SV_WIDE_LANE_SUM is 0 */
+    }
+    #endif
+    #if !(defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
     static inline float sv_lane_tree(const float* a) {
         float t[64];
         int half, l;
@@ -175,6 +215,8 @@ cdef extern from *:
     #endif
     """
     float lane_tree "sv_lane_tree"(const float* a) noexcept nogil
+    const bint WIDE_LANE_SUM "SV_WIDE_LANE_SUM"
+    float lane_sum "sv_lane_sum"(const float* x, Py_ssize_t steps, uint32_t* signs) noexcept nogil
 
 
 # Index checks for debug builds (setup.py: SPECVERIFY_BUILD=debug or asan, or
@@ -211,7 +253,7 @@ cdef inline bint _all_valid(const float* x, Py_ssize_t n) noexcept nogil:
     """True iff every element is finite and non-negative, -0.0 allowed.
 
     Only called when a row pass flagged the row (``_row_mass``'s max_bits): that cheap test (a
-    minimum riding on the sums) also fires on -0.0, which this slower scan lets through.
+    sign bit riding on the sums) also fires on -0.0, which this slower scan lets through.
     """
     cdef const uint32_t* xb = <const uint32_t*> x
     cdef Py_ssize_t j
@@ -235,29 +277,47 @@ cdef inline void _copy_block(const float* x, Py_ssize_t n, float* w) noexcept no
         w[j] = 0.0
 
 
-cdef inline float _lane_sum(const float* x, Py_ssize_t steps, float* low) noexcept nogil:
+cdef union FloatBits32:
+    float f
+    uint32_t u
+
+
+cdef inline float _lane_sum(const float* x, Py_ssize_t steps, uint32_t* signs) noexcept nogil:
     """float32 sum of x[0:steps * LANES] (steps <= STEPS: a block, zero-padded if short) in the
-    documented lane order (Inf if it overflows); low[l] = min(low[l], x[j]) over the j with
-    j % 64 in {l, l+16, l+32, l+48} (low: [MIN_LANES], the validation minimum, ``a < b ? a : b``;
-    a local array of the caller, kept in registers across the blocks of a row once inlined).
+    documented lane order (Inf if it overflows); signs[l] |= the bits of x[j] for the j with
+    j % 16 == l (signs: [SIGN_LANES], a local array of the caller carried across a row's blocks;
+    its OR has the sign bit set iff some element's sign is set: a negative value, -Inf, -0.0 or a
+    NaN with its sign set).
 
     A lane is a chain of dependent float32 adds; 64 lanes are four independent AVX-512 vectors
     (eight AVX2, sixteen NEON), read from one contiguous 256-byte step, so the adders stay busy
-    and the hardware prefetcher sees one stream.  The validation minimum rides on the same loads
-    (16 lanes, reduced once per row; a minimum is exact in any order; NaN may be skipped: the
-    sum catches it).
+    and the hardware prefetcher sees one stream.  The sign mask rides on the same loads (an OR is
+    exact in any order; NaN and +Inf show in the sum).  With AVX-512, ``sv_lane_sum`` (C
+    vector types) does it with one load per element; elsewhere the portable loop below keeps a
+    float minimum per lane (a minimum is exact in any order; NaN may be skipped: the sum catches
+    it) and ORs its bits into ``signs`` at the end of the block.
     """
     cdef float acc[LANES]
+    cdef float low[SIGN_LANES]
+    cdef FloatBits32 lowest
     cdef Py_ssize_t j, l, s
+    if WIDE_LANE_SUM:
+        return lane_sum(x, steps, signs)
     for l in range(LANES):
         acc[l] = 0.0
+    for l in range(SIGN_LANES):
+        low[l] = 0.0
     # hot loop: block sum
     for s in range(steps):
         j = s * LANES
         for l in range(LANES):
             acc[l] += x[j + l]
-        for l in range(MIN_LANES):
+        for l in range(SIGN_LANES):
             low[l] = min(low[l], min(min(x[j + l], x[j + l + 16]), min(x[j + l + 32], x[j + l + 48])))
+    # A minimum below zero has its sign bit set, as the OR of the bits would.
+    for l in range(SIGN_LANES):
+        lowest.f = low[l]
+        signs[l] |= lowest.u
     return lane_tree(acc)
 
 
@@ -265,26 +325,26 @@ cdef inline double _rescued_sum(const float* x, Py_ssize_t steps) noexcept nogil
     """Sum of a block x[0:steps * LANES] whose float32 lane sum overflowed: the same order on
     x * 2^-32, then * 2^32 in float64."""
     cdef float scaled[BLOCK]
-    cdef float low[MIN_LANES]
+    cdef uint32_t signs[SIGN_LANES]
     cdef Py_ssize_t j
-    for j in range(MIN_LANES):
-        low[j] = 0.0
+    for j in range(SIGN_LANES):
+        signs[j] = 0
     for j in range(steps * LANES):
         scaled[j] = x[j] * RESCUE_DOWN
-    return <double> _lane_sum(scaled, steps, low) * RESCUE_UP
+    return <double> _lane_sum(scaled, steps, signs) * RESCUE_UP
 
 
-cdef inline double _block_sum_low(const float* x, Py_ssize_t n, float* low) noexcept nogil:
+cdef inline double _block_sum_signs(const float* x, Py_ssize_t n, uint32_t* signs) noexcept nogil:
     """Sum of x[0:n], n <= BLOCK, in the documented order (float32 lanes, halving tree, rescued if
-    it overflows), updating the validation minimum ``low`` (see ``_lane_sum``; its lanes start at
-    0.0).  A short block is summed as a zero-padded copy: adding +0.0 to a lane changes nothing,
-    nor does a minimum with 0.0.  NaN (invalid rows only) goes the rescue way and stays NaN."""
+    it overflows), OR-ing the elements' bits into ``signs`` (see ``_lane_sum``).  A short block
+    is summed as a zero-padded copy: adding +0.0 to a lane changes nothing, nor does OR-ing 0.
+    NaN (invalid rows only) goes the rescue way and stays NaN."""
     cdef float padded[BLOCK]
     cdef float s
     if n < BLOCK:
         _copy_block(x, n, padded)
         x = padded
-    s = _lane_sum(x, _steps(n), low)
+    s = _lane_sum(x, _steps(n), signs)
     if s <= FLT_MAX:
         return <double> s
     return _rescued_sum(x, _steps(n))
@@ -292,11 +352,11 @@ cdef inline double _block_sum_low(const float* x, Py_ssize_t n, float* low) noex
 
 cdef inline double _block_sum(const float* x, Py_ssize_t n) noexcept nogil:
     """Sum of x[0:n], n <= BLOCK, in the documented order."""
-    cdef float low[MIN_LANES]
+    cdef uint32_t signs[SIGN_LANES]
     cdef Py_ssize_t l
-    for l in range(MIN_LANES):
-        low[l] = 0.0
-    return _block_sum_low(x, n, low)
+    for l in range(SIGN_LANES):
+        signs[l] = 0
+    return _block_sum_signs(x, n, signs)
 
 
 cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
@@ -304,29 +364,30 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     """Mass of one row in the documented order; block sums written to ``block_sums``.
 
     x: [n] float32.  block_sums: [ceil(n / BLOCK)] float64 (output).
-    max_bits: output, below FLOAT_INF_BITS when every element is surely finite and non-negative
-    (-0.0 allowed), else FLOAT_INF_BITS: then ``_all_valid`` decides.  The pass folds validation
-    into the loads of the sums: a negative value (-Inf included) shows in the row's minimum, a NaN
-    or +Inf in its total (an overflowing block is rescued, so a valid row's total is finite).
+    max_bits: output, below FLOAT_INF_BITS when every element is surely finite and non-negative,
+    else FLOAT_INF_BITS: then ``_all_valid`` decides (-0.0 is allowed but flagged here).  The pass
+    folds validation into the loads of the sums: a sign bit (negative values, -Inf, -0.0) shows
+    in the OR of the elements' bits, a NaN or +Inf in the total (an overflowing block is rescued,
+    so a valid row's total is finite).
     """
-    cdef float low[MIN_LANES]
-    cdef float lowest = 0.0
+    cdef uint32_t signs[SIGN_LANES]
+    cdef uint32_t any_sign = 0
     cdef double total = 0.0
     cdef float s
     cdef Py_ssize_t b, l
-    for l in range(MIN_LANES):
-        low[l] = 0.0
+    for l in range(SIGN_LANES):
+        signs[l] = 0
     for b in range(n // BLOCK):  # full blocks: _lane_sum inlined, no call per block
-        s = _lane_sum(x + b * BLOCK, STEPS, low)
+        s = _lane_sum(x + b * BLOCK, STEPS, signs)
         block_sums[b] = <double> s if s <= FLT_MAX else _rescued_sum(x + b * BLOCK, STEPS)
         total += block_sums[b]
     if n % BLOCK:
         b = n // BLOCK
-        block_sums[b] = _block_sum_low(x + b * BLOCK, n % BLOCK, low)
+        block_sums[b] = _block_sum_signs(x + b * BLOCK, n % BLOCK, signs)
         total += block_sums[b]
-    for l in range(MIN_LANES):
-        lowest = min(lowest, low[l])
-    max_bits[0] = 0 if lowest >= 0.0 and total <= DBL_MAX else FLOAT_INF_BITS
+    for l in range(SIGN_LANES):
+        any_sign |= signs[l]
+    max_bits[0] = 0 if any_sign < NEGATIVE_ZERO_BITS and total <= DBL_MAX else FLOAT_INF_BITS
     return total
 
 

@@ -13,7 +13,10 @@ families); it spans that statement and its indented body. The tool
    in the tree; ``SPECVERIFY_CPU`` is honoured, or set with ``--cpu``);
 2. cythonizes each ``.pyx`` into a temporary directory with those directives;
 3. compiles the C like setuptools does (``CC CFLAGS CCSHARED -I<python> <extra_compile_args>``, from
-   ``sysconfig`` unless ``--cc``/``--base-flags`` say otherwise) plus ``-fopt-info-vec-optimized``;
+   ``sysconfig`` unless ``--cc``/``--base-flags`` say otherwise) plus ``-fopt-info-vec-optimized``
+   and ``-DSV_PORTABLE_LOOPS``, which compiles out the hand-written vector paths (C vector types,
+   SIMD by construction, e.g. the AVX-512 block sum) so that the portable loops they replace on
+   some CPUs are the ones checked;
 4. maps each reported C line back to its ``.pyx`` line through Cython's ``/* "file.pyx":LINE``
    source comments, and marks a hot loop vectorized when some report falls inside it: a loop
    vectorization ("loop vectorized using N byte vectors") or, unless ``--loops-only``, straight-line
@@ -43,6 +46,7 @@ from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 HOT_MARK = re.compile(r"#\s*hot loop\b", re.IGNORECASE)
+PORTABLE_LOOPS = ["-DSV_PORTABLE_LOOPS"]  # the portable loops, not the hand-written vector paths
 LOOP_START = re.compile(r"^\s*(for|while)\b")
 CYTHON_SOURCE = re.compile(r'/\*\s*"([^"]+\.(?:pyx|pxd|pxi))":(\d+)')
 # gcc: "file.c:123:45: optimized: loop vectorized using 64 byte vectors"
@@ -246,7 +250,7 @@ def check(args, out=print):
     with tempfile.TemporaryDirectory(prefix="check_vec_") as tmp:
         for build in builds:
             flags = shlex.split(args.flags) if args.flags is not None else build.extra_compile_args
-            flags = flags + shlex.split(args.extra_flags or "")
+            flags = flags + PORTABLE_LOOPS + shlex.split(args.extra_flags or "")
             for pyx in build.sources:
                 loops = [loop for source in hot_sources(pyx) for loop in find_hot_loops(source)]
                 c_file = Path(tmp) / (Path(pyx).stem + ".c")
