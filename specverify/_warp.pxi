@@ -152,7 +152,11 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
                                 int64_t* masses) noexcept nogil:
     """Counts (and fixed-point masses) of bits >> 20 over w[0:v], into SUBHISTOGRAMS = 4
     interleaved histograms (element j into histogram j % 4): a run of tokens in one bucket is
-    then four independent chains of increments, not one serial chain through memory."""
+    then four independent chains of increments, not one serial chain through memory.
+
+    Weights in [0, 1] have bits >> 20 <= 1016 < RADIX; the bucket is still masked to RADIX, so
+    a weight some other thread overwrites meanwhile (warp in place on memory the caller changes
+    during the call) can only miscount, never write outside the histograms."""
     cdef const uint32_t* bits = <const uint32_t*> w
     cdef Py_ssize_t i, j, l, stop = v // SUBHISTOGRAMS
     cdef uint32_t b
@@ -160,7 +164,7 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
         for i in range(stop):
             j = i * SUBHISTOGRAMS
             for l in range(SUBHISTOGRAMS):
-                b = l * RADIX + (bits[j + l] >> 20)
+                b = l * RADIX + ((bits[j + l] >> 20) & (RADIX - 1))
                 check_index(b, SUBHISTOGRAMS * RADIX)
                 counts[b] += 1
                 masses[b] += _fixed(w[j + l])
@@ -168,11 +172,11 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
         for i in range(stop):
             j = i * SUBHISTOGRAMS
             for l in range(SUBHISTOGRAMS):
-                b = l * RADIX + (bits[j + l] >> 20)
+                b = l * RADIX + ((bits[j + l] >> 20) & (RADIX - 1))
                 check_index(b, SUBHISTOGRAMS * RADIX)
                 counts[b] += 1
     for j in range(stop * SUBHISTOGRAMS, v):
-        b = bits[j] >> 20
+        b = (bits[j] >> 20) & (RADIX - 1)
         check_index(b, RADIX)
         counts[b] += 1
         if by_mass:
@@ -229,7 +233,7 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
         for i in range(n_domain):
             j = domain[i]
             check_index(j, v)
-            b = bits[j] >> 20
+            b = (bits[j] >> 20) & (RADIX - 1)  # (masked as in _row_histogram)
             check_index(b, RADIX)
             counts[b] += 1
             if by_mass:
