@@ -331,6 +331,10 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
         for j in range(v):
             out[j] = out[j] if out[j] >= min_p else F32_ZERO
     mass = _row_mass(out, v, s.block_sums, &max_bits)
+    if max_bits >= FLOAT_INF_BITS or not mass > 0.0:
+        # Weights lie in [0, 1] with a 1 at the maximum: this only happens when x changed
+        # between the argmax pass and the exp pass (another thread writing the logits).
+        return BAD_SCORES
     inverse = <float> (1.0 / mass)
     # hot loop: normalize
     for j in range(v):

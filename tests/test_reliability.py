@@ -387,6 +387,7 @@ def test_threads_on_shared_inputs_equal_serial_results():
                 tree(sv.accept_tree_from_uniforms(target, tree_draft, tokens, parents, u, replacement=True)),
                 batch(sv.verify_batch(target, draft, tokens, [0, k], method="token", uniforms=u, num_threads=1)),
                 sv.accept_logits_from_uniforms(logits, draft_logits, tokens, u, temperature=0.8, top_p=0.9),
+                sv.accept_block_logits_from_uniforms(logits, draft_logits, tokens, u, min_p=0.05),
                 sv.warp(logits, temperature=0.8, top_k=50).tobytes())
 
     calls = 400
