@@ -27,6 +27,8 @@ _METHOD_CODES = {name: code for code, name in enumerate(BATCH_METHODS)}
 cdef struct _Batch:
     # Inputs (validated; indices are the call's own copies).
     Py_ssize_t n_requests
+    Py_ssize_t n_tokens              # sum K_r
+    Py_ssize_t n_uniforms            # sum over sampled requests of K_r + 1
     Py_ssize_t vocab
     Py_ssize_t width                 # K_max + 1: columns of the output
     const float* target              # [sum K_r + R, V] rows, target_stride floats apart
@@ -48,15 +50,25 @@ cdef struct _Batch:
 
 cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
     """Request r with the single-request kernel its method names; writes r's output row."""
-    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
-    cdef const float* target = b.target + (b.cu[r] + r) * b.target_stride
-    cdef const int64_t* tokens = b.tokens + b.cu[r]
+    cdef Py_ssize_t k, n = 0, j
+    cdef const float* target
+    cdef const int64_t* tokens
     cdef const float* draft = NULL
-    cdef int64_t* out = b.output + r * b.width
-    cdef Py_ssize_t n = 0, j
+    cdef int64_t* out
     cdef int64_t next_token = -1
     cdef int status
-    cdef SamplingKernel sampler = _accept_block if b.methods[r] == METHOD_BLOCK else _accept
+    cdef SamplingKernel sampler
+    # Debug builds: the request, its rows, tokens, uniforms and output slots lie in the batch.
+    check_index(r, b.n_requests)
+    k = b.cu[r + 1] - b.cu[r]
+    check_index(b.cu[r], b.n_tokens + 1)
+    check_index(b.cu[r] + k, b.n_tokens + 1)    # tokens and draft rows [cu[r], cu[r] + k)
+    check_index(k, b.width)                     # output slots 0..k
+    check_index(b.cu[r] + r + k, b.n_tokens + b.n_requests)  # target rows [cu[r] + r, .. + k]
+    target = b.target + (b.cu[r] + r) * b.target_stride
+    tokens = b.tokens + b.cu[r]
+    out = b.output + r * b.width
+    sampler = _accept_block if b.methods[r] == METHOD_BLOCK else _accept
     b.bad_row[r] = -1
     if b.methods[r] == METHOD_GREEDY:
         status = _verify_greedy(target, b.target_stride, tokens, k, b.vocab, &n, &next_token,
@@ -64,12 +76,14 @@ cdef void _verify_request(const _Batch* b, Py_ssize_t r) noexcept nogil:
     else:
         if b.has_draft[r]:
             draft = b.draft + b.cu[r] * b.draft_stride
+        check_index(b.uniform_start[r] + k, b.n_uniforms)  # uniforms [start[r], start[r] + k]
         status = sampler(target, b.target_stride, draft, b.draft_stride, tokens, k, b.vocab,
                          b.uniforms + b.uniform_start[r], &n, &next_token, &b.bad_row[r])
     b.status[r] = status
     if status != OK:
         n, next_token = 0, -1
     b.n_accepted[r] = n
+    check_index(n, k + 1)
     for j in range(n):
         out[j] = tokens[j]
     out[n] = next_token
@@ -335,6 +349,7 @@ cdef int _fill_uniforms(object generator, object generators, object uniforms, _B
                 _uniforms(generators[r], None, count, &u, held)
             except (TypeError, ValueError) as error:
                 raise type(error)(f"generators[{r}]: {error}") from None
+            check_index(b.uniform_start[r] + count - 1, total)
             memcpy(into + b.uniform_start[r], u, count * sizeof(double))
         return 0
     if total == 0:
@@ -489,6 +504,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
             raise MemoryError()
         try:
             b.n_requests, b.vocab, b.width = n_requests, target.cols, k_max + 1
+            b.n_tokens, b.n_uniforms = n_tokens, total
             b.cu, b.tokens, b.methods, b.has_draft = cu, tokens, methods, has_draft
             b.uniform_start, b.uniforms = uniform_start, uniforms_own
             _fill_uniforms(generator, generators, uniforms, &b, total, uniforms_own)

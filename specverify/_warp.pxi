@@ -21,7 +21,7 @@
 # weigh nothing), so a cut after top-k only lists the tokens top-k left.
 
 
-from libc.string cimport memcpy, memset
+from libc.string cimport memset
 
 # exp32's constants as float32 values (a double literal rounded once, as NumPy's np.float32 does).
 cdef extern from *:
@@ -152,7 +152,11 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
                                 int64_t* masses) noexcept nogil:
     """Counts (and fixed-point masses) of bits >> 20 over w[0:v], into SUBHISTOGRAMS = 4
     interleaved histograms (element j into histogram j % 4): a run of tokens in one bucket is
-    then four independent chains of increments, not one serial chain through memory."""
+    then four independent chains of increments, not one serial chain through memory.
+
+    Weights in [0, 1] have bits >> 20 <= 1016 < RADIX; the bucket is still masked to RADIX, so
+    a weight some other thread overwrites meanwhile (warp in place on memory the caller changes
+    during the call) can only miscount, never write outside the histograms."""
     cdef const uint32_t* bits = <const uint32_t*> w
     cdef Py_ssize_t i, j, l, stop = v // SUBHISTOGRAMS
     cdef uint32_t b
@@ -160,18 +164,23 @@ cdef inline void _row_histogram(const float* w, Py_ssize_t v, bint by_mass, int6
         for i in range(stop):
             j = i * SUBHISTOGRAMS
             for l in range(SUBHISTOGRAMS):
-                b = l * RADIX + (bits[j + l] >> 20)
+                b = l * RADIX + ((bits[j + l] >> 20) & (RADIX - 1))
+                check_index(b, SUBHISTOGRAMS * RADIX)
                 counts[b] += 1
                 masses[b] += _fixed(w[j + l])
     else:
         for i in range(stop):
             j = i * SUBHISTOGRAMS
             for l in range(SUBHISTOGRAMS):
-                counts[l * RADIX + (bits[j + l] >> 20)] += 1
+                b = l * RADIX + ((bits[j + l] >> 20) & (RADIX - 1))
+                check_index(b, SUBHISTOGRAMS * RADIX)
+                counts[b] += 1
     for j in range(stop * SUBHISTOGRAMS, v):
-        counts[bits[j] >> 20] += 1
+        b = (bits[j] >> 20) & (RADIX - 1)
+        check_index(b, RADIX)
+        counts[b] += 1
         if by_mass:
-            masses[bits[j] >> 20] += _fixed(w[j])
+            masses[b] += _fixed(w[j])
 
 
 cdef inline Py_ssize_t _list_range(const uint32_t* bits, Py_ssize_t v, uint32_t lo, uint32_t hi,
@@ -190,6 +199,7 @@ cdef inline Py_ssize_t _list_range(const uint32_t* bits, Py_ssize_t v, uint32_t 
             hits += bits[j] - lo <= width
         if hits:
             for j in range(start, stop):
+                check_index(n, v)
                 listed[n] = <int32_t> j
                 n += bits[j] - lo <= width
     return n
@@ -222,9 +232,12 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     else:
         for i in range(n_domain):
             j = domain[i]
-            counts[bits[j] >> 20] += 1
+            check_index(j, v)
+            b = (bits[j] >> 20) & (RADIX - 1)  # (masked as in _row_histogram)
+            check_index(b, RADIX)
+            counts[b] += 1
             if by_mass:
-                masses[bits[j] >> 20] += _fixed(w[j])
+                masses[b] += _fixed(w[j])
     _fold(counts)
     if by_mass:
         _fold(masses)
@@ -238,6 +251,7 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     else:
         n_listed = 0
         for i in range(n_domain):
+            check_index(domain[i], v)
             listed[n_listed] = domain[i]
             n_listed += (bits[domain[i]] >> 20) == prefix
     # Levels 2 and 3: the next 10 bits, over the listed tokens only.
@@ -246,6 +260,7 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
         memset(counts, 0, RADIX * sizeof(int64_t))
         memset(masses, 0, RADIX * sizeof(int64_t))
         for i in range(n_listed):
+            check_index(listed[i], v)
             b = (bits[listed[i]] >> shift) & (RADIX - 1)
             counts[b] += 1
             if by_mass:
@@ -260,7 +275,8 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     # The listed tokens all have bits == cut_bits: keep them in index order while the weight
     # before each stays under the threshold (at least the first: _walk chose their bucket so).
     cut_bits = prefix
-    if by_mass:
+    if by_mass and n_listed > 0:  # (the chosen bucket is never empty: _walk picks a counted one)
+        check_index(listed[0], v)
         q = _fixed(w[listed[0]])
     kept = 0
     while kept < n_listed and <double> before < threshold:
@@ -275,9 +291,11 @@ cdef Py_ssize_t _cut(float* w, Py_ssize_t v, const int32_t* domain, Py_ssize_t n
     else:
         for i in range(n_domain):
             j = domain[i]
+            check_index(j, v)
             n_above += bits[j] > cut_bits
             w[j] = w[j] if bits[j] >= cut_bits else F32_ZERO
     for i in range(kept, n_listed):
+        check_index(listed[i], v)
         w[listed[i]] = F32_ZERO
     return n_above + kept
 
@@ -295,6 +313,7 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
     best = _row_argmax(x, v, &status)
     if status != OK:  # BAD_SCORES (NaN or +inf) or NO_FINITE_SCORE
         return status
+    check_index(best, v)
     top = x[best]
     # hot loop: weights
     for j in range(v):
@@ -312,6 +331,10 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
         for j in range(v):
             out[j] = out[j] if out[j] >= min_p else F32_ZERO
     mass = _row_mass(out, v, s.block_sums, &max_bits)
+    if max_bits >= FLOAT_INF_BITS or not mass > 0.0:
+        # Weights lie in [0, 1] with a 1 at the maximum: this only happens when x changed
+        # between the argmax pass and the exp pass (another thread writing the logits).
+        return BAD_SCORES
     inverse = <float> (1.0 / mass)
     # hot loop: normalize
     for j in range(v):
@@ -382,17 +405,23 @@ def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float mi
 cdef object _warp_per_thread = threading.local()
 
 
-cdef float* _scratch_rows(Py_ssize_t rows, Py_ssize_t v) except NULL:
+cdef object _scratch_rows(Py_ssize_t rows, Py_ssize_t v, float** data):
     """This thread's float32 scratch of at least [rows, v] (rows v floats apart), reused from
     call to call (a fresh multi-megabyte allocation per call would cost its page faults every
-    time).  Valid until this thread's next call."""
+    time), and its address in ``data``.
+
+    The caller keeps the returned array until its kernel has finished: Python code that runs on
+    this thread meanwhile (a conversion's ``__array__``, a finalizer) may call an op that replaces
+    the thread's scratch with a larger one, and only that reference then keeps this memory alive."""
     cdef object scratch = getattr(_warp_per_thread, "rows", None)
     cdef Rows view
     if scratch is None or scratch.shape[1] < rows * v:
         scratch = _warp_per_thread.rows = np.empty((1, max(rows * v, 1)), dtype=np.float32)
     if not _read_rows(scratch, &view, _Held()):
         _unreadable("the warp scratch")
-    return <float*> view.data
+    check_index(rows * v - 1, view.cols)
+    data[0] = <float*> view.data
+    return scratch
 
 
 def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
@@ -419,8 +448,7 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     ``_accept`` does)."""
     cdef _Held held = _Held()
     cdef Rows target, draft
-    cdef const int64_t* given
-    cdef int64_t* tokens
+    cdef const int64_t* tokens
     cdef const double* u
     cdef Py_ssize_t k, v, n_accepted = 0, bad_row = -1
     cdef int64_t next_token = -1
@@ -429,34 +457,28 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     cdef int status
     cdef bint draft_failed = False
     _torch_seen()
-    draft_tokens = _tokens(draft_tokens, "draft_tokens", &given, &k, held)
+    # The ids are the call's own copy (``_tokens``): what is range-checked is what the kernel reads.
+    draft_tokens = _tokens(draft_tokens, "draft_tokens", &tokens, &k, held)
     target_logits = _rows(target_logits, "target_logits", k + 1, -1, &target, held)
     v = target.cols
     if draft_logits is not None:
         draft_logits = _rows(draft_logits, "draft_logits", k, v, &draft, held)
-    warped = _scratch_rows(2 * k + 1 if draft_logits is not None else k + 1, v)
+    _check_token_range("draft_tokens", tokens, k, v)
+    uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
+    # Last before the kernels, and held until they finish (see _scratch_rows).
+    scratch = _scratch_rows(2 * k + 1 if draft_logits is not None else k + 1, v, &warped)
     if draft_logits is not None and k > 0:
         warped_draft = warped + (k + 1) * v
-    # The call's own copy of the ids: what is range-checked is what the kernel reads.
-    tokens = <int64_t*> malloc(max(k, 1) * sizeof(int64_t))
-    if tokens == NULL:
-        raise MemoryError()
-    try:
-        memcpy(tokens, given, k * sizeof(int64_t))
-        _check_token_range("draft_tokens", tokens, k, v)
-        uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
-        with nogil:
-            status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
-                                top_p, min_p, warped, v, &bad_row)
-            if status == OK and warped_draft != NULL:
-                status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
-                                    top_p, min_p, warped_draft, v, &bad_row)
-                draft_failed = status != OK
-            if status == OK:
-                status = kernel(warped, v, warped_draft, v, tokens, k, v, u, &n_accepted,
-                                &next_token, &bad_row)
-    finally:
-        free(tokens)
+    with nogil:
+        status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
+                            top_p, min_p, warped, v, &bad_row)
+        if status == OK and warped_draft != NULL:
+            status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
+                                top_p, min_p, warped_draft, v, &bad_row)
+            draft_failed = status != OK
+        if status == OK:
+            status = kernel(warped, v, warped_draft, v, tokens, k, v, u, &n_accepted,
+                            &next_token, &bad_row)
     if status != OK:
         if draft_failed or status == BAD_DRAFT_VALUES or status == ZERO_DRAFT_MASS:
             _raise_row_status(status, "draft_logits", draft_logits, bad_row)

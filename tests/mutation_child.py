@@ -56,7 +56,7 @@ def _path_end(result):
 
 # What a raised error may say: the argument the writer touched.
 EXPECTED_ERRORS = {IndexError: ("draft_tokens[1] = ",),
-                   ValueError: ("target_probs[2] ", "target_logits[2] ", "uniforms must lie")}
+                   ValueError: ("target_probs[2] ", "logits[2] ", "uniforms must lie")}
 
 ops = {
     "accept": lambda: sv.accept(target, draft, tokens, generator),
@@ -89,6 +89,15 @@ if hasattr(sv, "verify_batch"):  # one request of a batch
 if hasattr(sv, "accept_logits"):  # the target rows as logits: NaN stays NaN, tokens and uniforms as above
     ops["accept_logits_from_uniforms"] = lambda: sv.accept_logits_from_uniforms(
         target, draft, tokens, uniforms, temperature=0.8, top_p=0.9)
+    ops["accept_block_logits_from_uniforms"] = lambda: sv.accept_block_logits_from_uniforms(
+        target, None, tokens, uniforms, top_k=100, min_p=0.01)
+
+    def _warp_end(probs):
+        """(0, the most likely token of row 2) after checking warp's rows are probabilities."""
+        assert probs.shape == (K + 1, V) and np.all(probs >= 0) and np.all(probs <= 1), "bad warp output"
+        return 0, int(np.argmax(probs[2]))
+
+    ops["warp"] = lambda: _warp_end(sv.warp(target, temperature=0.8, top_k=50, top_p=0.9))
 thread = threading.Thread(target=writer, daemon=True)
 thread.start()
 counts = {}

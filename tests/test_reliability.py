@@ -8,6 +8,7 @@ property-based fuzz is tests/test_fuzz.py; the sanitizer and bounds-checked buil
 tools/sanitize.sh.
 """
 
+import gc
 import json
 import os
 import subprocess
@@ -264,6 +265,93 @@ def test_scratch_cache_stays_bounded_over_4000_distinct_k():
         assert sv.accept(t, None, toks, generator) == sv.accept_from_uniforms(t, None, toks, u)
 
 
+# -- the memory a call reads stays owned until its kernel has finished -------------------------
+
+class _ReentrantUniforms:
+    """Uniforms whose conversion (``__array__``) first runs a larger accept_logits on the same
+    thread, then collects garbage: that nested call replaces the thread's warp scratch."""
+
+    def __init__(self, values, nested):
+        self.values, self.nested = values, nested
+
+    def __array__(self, dtype=None, copy=None):
+        sv.accept_logits_from_uniforms(*self.nested)
+        gc.collect()
+        return np.asarray(self.values, dtype=dtype)
+
+
+def test_warp_scratch_outlives_a_nested_call_that_replaces_it():
+    """accept_logits took its thread's scratch rows, then converted its uniforms: a conversion
+    running an op on the same thread replaced (and freed) that scratch, and the kernel wrote into
+    freed memory (a segfault for scratch this large, which the allocator unmaps).  Now the scratch
+    is taken last and held for the call.  Run on a new thread: its scratch starts empty."""
+    rng = np.random.default_rng(3)
+    k, v = 2, 100_000   # the outer call's scratch: (2K + 1) * V floats = 2 MB
+    target = rng.standard_normal((k + 1, v)).astype(np.float32)
+    draft = rng.standard_normal((k, v)).astype(np.float32)
+    tokens, u = np.array([5, 7]), rng.random(k + 1)
+    nested_v = 400_000  # 3 * 400k floats: more than the outer call's scratch
+    nested = (rng.standard_normal((2, nested_v)).astype(np.float32),
+              rng.standard_normal((1, nested_v)).astype(np.float32), np.array([3]), np.full(2, 0.5))
+    want = sv.accept_logits_from_uniforms(target, draft, tokens, u, top_p=0.9)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(sv.accept_logits_from_uniforms(
+        target, draft, tokens, _ReentrantUniforms(u, nested), top_p=0.9)))
+    thread.start()
+    thread.join()
+    assert got == [want]
+
+
+def test_converted_arguments_live_until_the_kernel_ends():
+    """Arguments each op converts into a temporary only the call holds (a float64 tensor's strided
+    columns -> a float32 copy, int32 ids -> int64, float32 uniforms -> float64), while another
+    thread collects garbage without pause: every result equals the op on plain arrays."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    k, v = 3, 4_000
+    target = torch.from_numpy(rng.random((k + 1, 2 * v)) + 0.01)[:, ::2]  # [K+1, V] float64, strided
+    draft = torch.from_numpy(rng.random((k + 1, 2 * v)) + 0.01)[:, ::2]
+    tokens = torch.tensor([1, 2, 3], dtype=torch.int32)
+    u = torch.tensor([0.3, 0.9, 0.1, 0.6], dtype=torch.float32)
+    t32, d32 = target.float().numpy(), draft.float().numpy()
+    tok64, u64 = tokens.numpy().astype(np.int64), u.numpy().astype(np.float64)
+    chain = np.array([-1, 0, 1])
+    cases = [
+        (lambda: sv.verify_greedy(target, tokens), lambda: sv.verify_greedy(t32, tok64)),
+        (lambda: sv.accept_from_uniforms(target, draft[:k], tokens, u),
+         lambda: sv.accept_from_uniforms(t32, d32[:k], tok64, u64)),
+        (lambda: sv.accept_block_from_uniforms(target, draft[:k], tokens, u),
+         lambda: sv.accept_block_from_uniforms(t32, d32[:k], tok64, u64)),
+        (lambda: sv.accept_tree_from_uniforms(target, draft, tokens, torch.from_numpy(chain).int(), u),
+         lambda: sv.accept_tree_from_uniforms(t32, d32, tok64, chain, u64)),
+        (lambda: sv.verify_batch(target, draft[:k], tokens, torch.tensor([0, k], dtype=torch.int32), uniforms=u),
+         lambda: sv.verify_batch(t32, d32[:k], tok64, np.array([0, k]), uniforms=u64)),
+        (lambda: sv.warp(target, top_p=0.9), lambda: torch.from_numpy(sv.warp(t32, top_p=0.9))),
+        (lambda: sv.accept_logits_from_uniforms(target, draft[:k], tokens, u, top_k=50),
+         lambda: sv.accept_logits_from_uniforms(t32, d32[:k], tok64, u64, top_k=50)),
+    ]
+    wants = [plain() for _, plain in cases]
+    stop = threading.Event()
+
+    def collect():
+        while not stop.is_set():
+            gc.collect()
+
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        for trial in range(5):
+            for (op, _), want in zip(cases, wants):
+                got = op()
+                if isinstance(want, torch.Tensor):
+                    assert torch.equal(got, want)
+                else:
+                    assert str(got) == str(want)  # tuples of ints, paths and output arrays
+    finally:
+        stop.set()
+        collector.join()
+
+
 # -- threads: concurrent calls on shared inputs equal serial calls ------------------------------
 
 def test_threads_on_shared_inputs_equal_serial_results():
@@ -299,6 +387,7 @@ def test_threads_on_shared_inputs_equal_serial_results():
                 tree(sv.accept_tree_from_uniforms(target, tree_draft, tokens, parents, u, replacement=True)),
                 batch(sv.verify_batch(target, draft, tokens, [0, k], method="token", uniforms=u, num_threads=1)),
                 sv.accept_logits_from_uniforms(logits, draft_logits, tokens, u, temperature=0.8, top_p=0.9),
+                sv.accept_block_logits_from_uniforms(logits, draft_logits, tokens, u, min_p=0.05),
                 sv.warp(logits, temperature=0.8, top_k=50).tobytes())
 
     calls = 400

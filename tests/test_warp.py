@@ -251,6 +251,19 @@ def test_bad_logits_name_the_argument_and_row():
         sv.warp(big[:3], out=big[1:])
 
 
+def test_bad_out_tensors_name_out():
+    """Found by the fuzz (issue 19): a negated view raised torch's RuntimeError from .numpy(), a
+    sparse tensor torch's TypeError naming no argument."""
+    torch = pytest.importorskip("torch")
+    x = np.zeros((3, 4), dtype=np.float32)
+    with pytest.raises(ValueError, match="out must not be a negated view"):
+        sv.warp(x, out=torch._neg_view(torch.zeros(3, 4)))
+    with pytest.raises(TypeError, match="out must be a dense tensor"):
+        sv.warp(x, out=torch.zeros(3, 4).to_sparse())
+    with pytest.raises(ValueError, match="out must not require grad"):
+        sv.warp(x, out=torch.zeros(3, 4, requires_grad=True))
+
+
 @pytest.mark.emulated
 def test_accept_logits_bad_input_names_the_argument():
     t, d = np.zeros((3, 5), dtype=np.float32), np.zeros((2, 5), dtype=np.float32)
