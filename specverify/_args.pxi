@@ -98,9 +98,9 @@ cdef object _ndarray = np.ndarray
 cdef object _numpy_generator = np.random.Generator
 cdef object _tensor = None  # torch.Tensor, torch.float64, ... once the caller has imported torch
 cdef object _torch_float64 = None
-cdef object _torch_float32 = None
 cdef object _torch_generator = None
 cdef object _torch_empty = None
+cdef object _torch_empty_like = None
 cdef object _to_dlpack = None  # torch.utils.dlpack.to_dlpack, where the exchange API is missing
 cdef DLTensorFromPyObject _dltensor_from_tensor = NULL  # torch's DLPack exchange API (torch >= 2.10)
 cdef object _per_thread = threading.local()  # scratch tensors for drawn uniforms
@@ -108,14 +108,14 @@ cdef object _per_thread = threading.local()  # scratch tensors for drawn uniform
 
 cdef bint _torch_seen() except -1:
     """Cache torch's types once the caller has imported torch (we never import it here)."""
-    global _tensor, _torch_float64, _torch_float32, _torch_generator, _torch_empty
+    global _tensor, _torch_float64, _torch_generator, _torch_empty, _torch_empty_like
     if _tensor is not None:
         return True
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
-    _torch_float64, _torch_float32 = torch.float64, torch.float32
-    _torch_generator, _torch_empty = torch.Generator, torch.empty
+    _torch_float64 = torch.float64
+    _torch_generator, _torch_empty, _torch_empty_like = torch.Generator, torch.empty, torch.empty_like
     _tensor = torch.Tensor
     _tensor_route("exchange" if _exchange_api_reader() != NULL else "capsule")
     return True
