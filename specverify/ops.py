@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from . import _inputs, _kernels
+from . import _kernels
 from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
