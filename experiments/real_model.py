@@ -356,17 +356,22 @@ def _plain_generate(config):
     return "hf_sample" if "sample" in config else "hf_greedy"
 
 
-def per_prompt_speedup(rows, baseline=_plain_generate):
-    """``{(config, prompt): tokens/s over the baseline config's on the same prompt}``.
-
-    The baseline is plain generate of the same mode by default. Repeats are pooled (tokens over seconds).
-    """
+def pooled_rates(rows):
+    """``{(config, prompt): tokens/s}``, repeats pooled (tokens over seconds)."""
     tokens, seconds = {}, {}
     for r in rows:
         key = (r["config"], r["prompt"])
         tokens[key] = tokens.get(key, 0.0) + float(r["new_tokens"])
         seconds[key] = seconds.get(key, 0.0) + float(r["seconds"])
-    rate = {key: tokens[key] / seconds[key] for key in tokens}
+    return {key: tokens[key] / seconds[key] for key in tokens}
+
+
+def per_prompt_speedup(rows, baseline=_plain_generate):
+    """``{(config, prompt): tokens/s over the baseline config's on the same prompt}``.
+
+    The baseline is plain generate of the same mode by default. Repeats are pooled (tokens over seconds).
+    """
+    rate = pooled_rates(rows)
     out = {}
     for (config, prompt), v in rate.items():
         base = rate.get((baseline(config), prompt))
@@ -377,16 +382,13 @@ def per_prompt_speedup(rows, baseline=_plain_generate):
 def warp_summary(rows):
     """Per (before, after) pair of WARP_PAIRS present in rows: tok/s of each side per prompt (repeats
     pooled: tokens over seconds), the ratio after / before per prompt, and their mean."""
-    rate = {}
-    for r in rows:
-        tokens, seconds = rate.get((r["config"], r["prompt"]), (0.0, 0.0))
-        rate[(r["config"], r["prompt"])] = (tokens + float(r["new_tokens"]), seconds + float(r["seconds"]))
+    rate = pooled_rates(rows)
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     out = []
     for before, after in WARP_PAIRS:
         if not all((c, p) in rate for c in (before, after) for p in prompts):
             continue
-        tok_s = {c: {p: rate[(c, p)][0] / rate[(c, p)][1] for p in prompts} for c in (before, after)}
+        tok_s = {c: {p: rate[(c, p)] for p in prompts} for c in (before, after)}
         ratio = {p: tok_s[after][p] / tok_s[before][p] for p in prompts}
         out.append(dict(before=before, after=after, before_tok_s=tok_s[before], after_tok_s=tok_s[after],
                         ratio=ratio, mean_ratio=sum(ratio.values()) / len(ratio)))
