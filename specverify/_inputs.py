@@ -145,8 +145,12 @@ def _writable_rows(out, shape):
         torch = loaded_torch()
         if out.device.type != "cpu" or out.dtype != torch.float32:
             raise TypeError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
+        if out.layout != torch.strided:
+            raise TypeError(f"out must be a dense tensor, got layout {out.layout}")
         if out.requires_grad:
             raise ValueError("out must not require grad")
+        if out.is_neg():  # its memory holds the negation of what it reads as
+            raise ValueError("out must not be a negated view (torch._neg_view): pass out.resolve_neg()")
         out = out.numpy()
     if not isinstance(out, np.ndarray) or out.dtype != np.float32:
         raise TypeError(f"out must be a float32 ndarray or tensor, got {type(out).__name__}")

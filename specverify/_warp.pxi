@@ -484,6 +484,7 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     cdef _Held held = _Held()
     cdef Rows target, draft
     cdef const int64_t* given
+    cdef int64_t* tokens
     cdef const double* u
     cdef Py_ssize_t k, v, n_accepted = 0, bad_row = -1
     cdef int64_t next_token = -1
@@ -500,19 +501,26 @@ cdef object _logits_entry(SamplingKernel kernel, object target_logits, object dr
     warped = _scratch_rows(2 * k + 1 if draft_logits is not None else k + 1, v)
     if draft_logits is not None and k > 0:
         warped_draft = warped + (k + 1) * v
-    # given: the call's own copy of the ids (_tokens), so what is range-checked is what the kernel reads.
-    _check_token_range("draft_tokens", given, k, v)
-    uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
-    with nogil:
-        status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
-                            top_p, min_p, warped, v, &bad_row)
-        if status == OK and warped_draft != NULL:
-            status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
-                                top_p, min_p, warped_draft, v, &bad_row)
-            draft_failed = status != OK
-        if status == OK:
-            status = kernel(warped, v, warped_draft, v, given, k, v, u, &n_accepted,
-                            &next_token, &bad_row)
+    # The call's own copy of the ids: what is range-checked is what the kernel reads.
+    tokens = <int64_t*> malloc(max(k, 1) * sizeof(int64_t))
+    if tokens == NULL:
+        raise MemoryError()
+    try:
+        memcpy(tokens, given, k * sizeof(int64_t))
+        _check_token_range("draft_tokens", tokens, k, v)
+        uniforms = _uniforms(generator, uniforms, k + 1, &u, held)
+        with nogil:
+            status = _warp_rows(<const float*> target.data, target.stride, k + 1, v, scale, top_k,
+                                top_p, min_p, warped, v, &bad_row)
+            if status == OK and warped_draft != NULL:
+                status = _warp_rows(<const float*> draft.data, draft.stride, k, v, scale, top_k,
+                                    top_p, min_p, warped_draft, v, &bad_row)
+                draft_failed = status != OK
+            if status == OK:
+                status = kernel(warped, v, warped_draft, v, tokens, k, v, u, &n_accepted,
+                                &next_token, &bad_row)
+    finally:
+        free(tokens)
     if status != OK:
         if draft_failed or status == BAD_DRAFT_VALUES or status == ZERO_DRAFT_MASS:
             _raise_row_status(status, "draft_logits", draft_logits, bad_row)
