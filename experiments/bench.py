@@ -598,6 +598,21 @@ def measure_overhead(sv, settings, seed):
             ("sv.accept, torch tensors + torch.Generator", sv.accept, (t, d, tok, g)),
             ("sv.accept_block_from_uniforms, torch tensors", sv.accept_block_from_uniforms, (t, d, tok, u)),
         ]
+        if hasattr(sv, "warp"):  # one [1, V] row of logits, temperature 0.7
+            row, row_np = t[:1].clone(), np.array(t_np[:1], dtype=np.float32)
+            row_out, row_np_out, in_place = torch.empty_like(row), np.empty_like(row_np), row.clone()
+            entries += [
+                ("sv.warp, torch tensor [1, V]", lambda x: sv.warp(x, temperature=0.7), (row,)),
+                ("sv.warp, torch tensor [1, V], out=", lambda x, o: sv.warp(x, temperature=0.7, out=o),
+                 (row, row_out)),
+                ("sv.warp, NumPy array [1, V], out=", lambda x, o: sv.warp(x, temperature=0.7, out=o),
+                 (row_np, row_np_out)),
+                ("sv.warp, torch tensor [1, V], in place", lambda x: sv.warp(x, temperature=0.7, out=x),
+                 (in_place,)),
+                ("sv.accept_logits_from_uniforms, torch tensors, T = 0.7",
+                 lambda t, d, tok, u: sv.accept_logits_from_uniforms(t, d, tok, u, temperature=0.7),
+                 (t, d, tok, u)),
+            ]
         conv = bi.specverify_conversion_noops(sv)
         if conv:
             entries += [
@@ -605,6 +620,9 @@ def measure_overhead(sv, settings, seed):
                 ("no-op, same conversion as sv.accept_from_uniforms", conv["accept_from_uniforms"],
                  (t, d, tok, u)),
             ]
+            if "warp" in conv:
+                entries.append(("no-op, same conversion as sv.warp (tensor, out=)", conv["warp"],
+                                (t[:1], torch.empty(1, OVERHEAD_V))))
     entries += [
         ("no-op, generic pointer/shape/dtype checks", bi.noop_convert, (t, d, tok, u)),
         ("bare Python no-op call", bi.noop, (t, d, tok, u)),

@@ -448,13 +448,14 @@ class ReadProbe:
 CONVERT_ONLY = {  # compiled no-ops specverify may offer: the op's argument handling, no kernel
     "verify_greedy": "convert_only_verify_greedy",        # (target_probs, draft_tokens)
     "accept_from_uniforms": "convert_only_accept",        # (target, draft, tokens, None, uniforms)
+    "warp": "convert_only_warp",                          # (logits, out)
 }
 
 
 def specverify_conversion_noops(sv):
-    """{'verify_greedy': fn, 'accept_from_uniforms': fn}: no-ops with exactly the argument
-    handling of specverify's ops, if ``specverify._kernels`` offers them (``CONVERT_ONLY``);
-    else None."""
+    """{'verify_greedy': fn, 'accept_from_uniforms': fn[, 'warp': fn]}: no-ops with exactly the
+    argument handling of specverify's ops, if ``specverify._kernels`` offers them
+    (``CONVERT_ONLY``; warp's only in builds that have it); else None."""
     try:
         from specverify import _kernels
     except ImportError:
@@ -463,8 +464,12 @@ def specverify_conversion_noops(sv):
     accept = getattr(_kernels, CONVERT_ONLY["accept_from_uniforms"], None)
     if greedy is None or accept is None:
         return None
-    return {"verify_greedy": greedy,
-            "accept_from_uniforms": lambda t, d, tok, u: accept(t, d, tok, None, u)}
+    noops = {"verify_greedy": greedy,
+             "accept_from_uniforms": lambda t, d, tok, u: accept(t, d, tok, None, u)}
+    warp = getattr(_kernels, CONVERT_ONLY["warp"], None)
+    if warp is not None:
+        noops["warp"] = warp
+    return noops
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ and reports tokens/s, tokens per target pass ("per round"), acceptance and the t
 ``results/real_model/real_model.csv`` (with ``meta.json``: versions, git revision, machine load);
 :func:`plot` redraws ``media/real_model.png`` from that CSV only (``--plot-only``).
 
+``--warp-compare`` measures the warping of issue 15 instead: sampling with ``--top-p`` (and
+``--top-k``) before and after, interleaved per prompt, into ``warp_compare.csv``: ``hf_sample``
+(transformers' own warpers) against ``hf_sample_svwarp`` (plain ``generate`` with
+:class:`~specverify.integrations.transformers.WarpLogitsProcessor`), and each specverify sampling
+config against its ``_torchwarp`` twin, whose target and draft rows come from the sort-based torch
+warp the adapter used before ``sv.warp`` (``integrations.transformers.warp``).
+
 ``--tree-sweep`` runs the node-budget sweep instead: ``hf_greedy``, ``sv_greedy_lookup`` and
 ``sv_greedy_lookup_tree`` at each budget of ``--budgets``, interleaved per prompt, and records every
 target pass (node count, seconds) into ``tree_sweep.csv`` / ``tree_passes.csv``;
@@ -65,9 +72,16 @@ PROMPTS = {
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
-FIELDS = ["config", "prompt", "repeat", "mode", "draft", "k", "node_budget", "new_tokens", "seconds", "tokens_per_s",
+FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "temperature", "top_k", "top_p", "k", "node_budget",
+          "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
           "other_s", "verify_share", "same_as_generate"]
+# Warping before (torch / transformers' warpers) and after (specverify's kernels): (before, after).
+WARP_PAIRS = [("hf_sample", "hf_sample_svwarp"), ("sv_sample_lookup_torchwarp", "sv_sample_lookup"),
+              ("sv_sample_ee_torchwarp", "sv_sample_ee")]
+WARP_CONFIGS = [c for pair in WARP_PAIRS for c in pair]
+TORCH_WARP = "_torchwarp"  # config suffix: the same config with the sort-based torch warp
+WARP_CSV = "warp_compare.csv"
 SWEEP_CSV = "tree_sweep.csv"
 PASSES_CSV = "tree_passes.csv"
 TREE_FIGURE = "real_model_tree.png"
@@ -75,11 +89,29 @@ BUDGETS = (4, 8, 16, 32, 64)
 PASS_FIELDS = ["prompt", "node_budget", "nodes", "seconds"]
 
 
-def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, seed=0, k_tree=12,
-                node_budget=16, ee_node_budget=8):
+def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, top_p=1.0, seed=0,
+                k_tree=12, node_budget=16, ee_node_budget=8):
     return dict(max_new=max_new, k_lookup=k_lookup, k_ee=k_ee, ee_layers=ee_layers,
-                temperature=temperature, top_k=top_k, seed=seed, k_tree=k_tree, node_budget=node_budget,
-                ee_node_budget=ee_node_budget)
+                temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, k_tree=k_tree,
+                node_budget=node_budget, ee_node_budget=ee_node_budget)
+
+
+def _torch_warp_sampling(sampling):
+    """``sampling`` (an ``integrations.transformers.Sampling``) with its rows made by the
+    sort-based torch warp (``integrations.transformers.warp``: temperature, top-k, top-p; no
+    min-p) instead of ``sv.warp``: the adapter before issue 15."""
+    from specverify.integrations import transformers as adapter
+
+    class TorchWarpSampling(adapter.Sampling):
+        def rows(self, logits):
+            if self.greedy:
+                return logits.float()
+            return adapter.warp(logits, self.temperature, self.top_k, self.top_p)
+
+    if sampling.min_p > 0.0:
+        raise ValueError("the torch warp has no min-p")
+    return TorchWarpSampling(greedy=sampling.greedy, temperature=sampling.temperature, top_k=sampling.top_k,
+                             top_p=sampling.top_p)
 
 
 class _PassCounter:
@@ -104,12 +136,16 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     import torch
 
     import specverify as sv
-    from specverify.integrations.transformers import speculative_callbacks
+    from specverify.integrations.transformers import WarpLogitsProcessor, speculative_callbacks
 
     eos = tokenizer.eos_token_id
-    sample = dict(temperature=p["temperature"], top_k=p["top_k"])
-    tree = config.endswith("_tree")
-    row = dict(config=config, mode="sample" if "sample" in config else "greedy",
+    sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
+    name, torch_warp = (config[:-len(TORCH_WARP)], True) if config.endswith(TORCH_WARP) else (config, False)
+    tree = name.endswith("_tree")
+    mode = "sample" if "sample" in config else "greedy"
+    row = dict(config=config, mode=mode, **(sample if mode == "sample" else {}),
+               warp="" if mode == "greedy" else ("torch" if torch_warp else "transformers" if name == "hf_sample"
+                                                 else "specverify"),
                draft="lookup" if "lookup" in config else ("early_exit_%d" % p["ee_layers"] if "ee" in config else ""),
                k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
                                                                    else (p["k_ee"] if "ee" in config else 0)),
@@ -121,7 +157,11 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         kwargs = dict(max_new_tokens=p["max_new"], pad_token_id=eos)
         if config == "hf_sample":
             torch.manual_seed(seed)
-            kwargs.update(do_sample=True, top_p=1.0, **sample)
+            kwargs.update(do_sample=True, **sample)
+        elif config == "hf_sample_svwarp":  # generate's own warpers off, sv.warp as a processor
+            torch.manual_seed(seed)
+            kwargs.update(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                          logits_processor=[WarpLogitsProcessor(**sample)])
         else:
             kwargs.update(do_sample=False)
         if config == "hf_prompt_lookup":
@@ -140,6 +180,10 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         draft_step, target_step = speculative_callbacks(
             model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), tree=tree,
             node_budget=row["node_budget"] or 1, **sample)
+        if torch_warp:  # the same callbacks, their rows warped in torch
+            for step in (draft_step, target_step):
+                if hasattr(step, "sampling"):
+                    step.sampling = _torch_warp_sampling(step.sampling)
         if passes is not None:
             target_step = _timed(target_step, passes)
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=row["k"], greedy=greedy,
@@ -234,16 +278,20 @@ def _meta(params, load_before, rows, **extra):
                        for r in rows}, **extra)
 
 
-def compute(params, configs=CONFIGS, prompts=PROMPTS, out_dir=None, log=print, repeats=1):
-    """Run every (config, prompt) pair ``repeats`` times; write the CSV + meta.json; return the CSV path."""
+def compute(params, configs=CONFIGS, prompts=PROMPTS, out_dir=None, log=print, repeats=1, csv_name=CSV_NAME):
+    """Run every (config, prompt) pair ``repeats`` times; write the CSV + its meta JSON (``meta.json``
+    beside ``real_model.csv``, ``<name>_meta.json`` beside any other); return the CSV path."""
     out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     model, tokenizer, draft_model, ids = _load(params, prompts, log)
+    for config in configs:  # warm-up: each config's first call (the warping paths included) untimed
+        run_one(config, next(iter(ids.values())), model, tokenizer, draft_model, dict(params, max_new=4))
     load_before = os.getloadavg()
     rows = _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, "real_model")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / CSV_NAME
+    path = out_dir / csv_name
     _write_csv(path, rows, FIELDS)
-    paths.write_json(out_dir / "meta.json", _meta(params, load_before, rows))
+    meta_name = "meta.json" if csv_name == CSV_NAME else f"{Path(csv_name).stem}_meta.json"
+    paths.write_json(out_dir / meta_name, _meta(params, load_before, rows))
     return path
 
 
@@ -268,9 +316,9 @@ def read(path):
 
 
 def summarize(rows):
-    """Pooled per-config numbers over prompts: a list of dicts in CONFIGS order."""
+    """Pooled per-config numbers over prompts: a list of dicts in CONFIGS order (then WARP_CONFIGS)."""
     out = []
-    for config in [c for c in CONFIGS if any(r["config"] == c for r in rows)]:
+    for config in [c for c in dict.fromkeys(CONFIGS + WARP_CONFIGS) if any(r["config"] == c for r in rows)]:
         rs = [r for r in rows if r["config"] == config]
         f = lambda key: sum(float(r[key]) for r in rs)  # noqa: E731
         new, secs, passes = f("new_tokens"), f("seconds"), f("target_passes")
@@ -308,17 +356,22 @@ def _plain_generate(config):
     return "hf_sample" if "sample" in config else "hf_greedy"
 
 
-def per_prompt_speedup(rows, baseline=_plain_generate):
-    """``{(config, prompt): tokens/s over the baseline config's on the same prompt}``.
-
-    The baseline is plain generate of the same mode by default. Repeats are pooled (tokens over seconds).
-    """
+def pooled_rates(rows):
+    """``{(config, prompt): tokens/s}``, repeats pooled (tokens over seconds)."""
     tokens, seconds = {}, {}
     for r in rows:
         key = (r["config"], r["prompt"])
         tokens[key] = tokens.get(key, 0.0) + float(r["new_tokens"])
         seconds[key] = seconds.get(key, 0.0) + float(r["seconds"])
-    rate = {key: tokens[key] / seconds[key] for key in tokens}
+    return {key: tokens[key] / seconds[key] for key in tokens}
+
+
+def per_prompt_speedup(rows, baseline=_plain_generate):
+    """``{(config, prompt): tokens/s over the baseline config's on the same prompt}``.
+
+    The baseline is plain generate of the same mode by default. Repeats are pooled (tokens over seconds).
+    """
+    rate = pooled_rates(rows)
     out = {}
     for (config, prompt), v in rate.items():
         base = rate.get((baseline(config), prompt))
@@ -326,13 +379,38 @@ def per_prompt_speedup(rows, baseline=_plain_generate):
     return out
 
 
+def warp_summary(rows):
+    """Per (before, after) pair of WARP_PAIRS present in rows: tok/s of each side per prompt (repeats
+    pooled: tokens over seconds), the ratio after / before per prompt, and their mean."""
+    rate = pooled_rates(rows)
+    prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    out = []
+    for before, after in WARP_PAIRS:
+        if not all((c, p) in rate for c in (before, after) for p in prompts):
+            continue
+        tok_s = {c: {p: rate[(c, p)] for p in prompts} for c in (before, after)}
+        ratio = {p: tok_s[after][p] / tok_s[before][p] for p in prompts}
+        out.append(dict(before=before, after=after, before_tok_s=tok_s[before], after_tok_s=tok_s[after],
+                        ratio=ratio, mean_ratio=sum(ratio.values()) / len(ratio)))
+    return out
+
+
+def warp_table(summary):
+    lines = []
+    for s in summary:
+        lines.append(f"{s['after']} / {s['before']}: mean {s['mean_ratio']:.2f}x  "
+                     + "  ".join(f"{p} {s['after_tok_s'][p]:.1f}/{s['before_tok_s'][p]:.1f} tok/s "
+                                 f"= {s['ratio'][p]:.2f}x" for p in s["ratio"]))
+    return "\n".join(lines)
+
+
 def table(summary):
-    head = f"{'config':22s} {'tok/s':>7s} {'speedup':>8s} {'mean/min prompt':>15s} {'vs chain':>8s} {'same':>5s} " \
+    head = f"{'config':26s} {'tok/s':>7s} {'speedup':>8s} {'mean/min prompt':>15s} {'vs chain':>8s} {'same':>5s} " \
            f"{'tok/round':>9s} {'accept':>7s} {'draft%':>7s} {'target%':>8s} {'verify%':>8s} {'verify ms/round':>15s}"
     lines = [head, "-" * len(head)]
     for s in summary:
         pct = lambda key: f"{100 * s[key]:7.1f}" if key in s else f"{'':7s}"  # noqa: E731
-        lines.append(f"{s['config']:22s} {s['tokens_per_s']:7.1f} {s['speedup']:7.2f}x "
+        lines.append(f"{s['config']:26s} {s['tokens_per_s']:7.1f} {s['speedup']:7.2f}x "
                      f"{s['mean_prompt_speedup']:7.2f}/{s['min_prompt_speedup']:.2f}x {s['mean_vs_chain_lookup']:7.2f}x "
                      f"{s['same_as_generate']:>5s} {s['tokens_per_round']:9.2f} "
                      + (f"{s['acceptance']:7.2f} " if "acceptance" in s else f"{'':7s} ")
@@ -488,6 +566,12 @@ def main(argv=None):
     ap.add_argument("--k-tree", type=int, default=12, help="depth of the prompt-lookup trees (early-exit trees: --k-ee)")
     ap.add_argument("--node-budget", type=int, default=16, help="nodes of a prompt-lookup tree")
     ap.add_argument("--ee-node-budget", type=int, default=8, help="nodes of an early-exit tree")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling configs' temperature")
+    ap.add_argument("--top-k", type=int, default=50, help="sampling configs' top-k (0 = off)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="sampling configs' top-p (1 = off)")
+    ap.add_argument("--warp-compare", action="store_true",
+                    help="sampling with the torch / transformers warping vs specverify's (WARP_PAIRS) "
+                         "instead of the config table; use with --top-p 0.9 --top-k 0")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, config), interleaved")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--tree-sweep", action="store_true", help="the node-budget sweep instead of the config table")
@@ -507,9 +591,19 @@ def main(argv=None):
         if args.threads:
             torch.set_num_threads(args.threads)
         params = make_params(max_new=args.max_new, k_lookup=args.k_lookup, k_ee=args.k_ee, ee_layers=args.ee_layers,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              k_tree=args.k_tree, node_budget=args.node_budget, ee_node_budget=args.ee_node_budget)
         prompts = {n: PROMPTS[n] for n in args.prompts.split(",") if n}
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    if args.warp_compare:
+        csv_path = out_dir / WARP_CSV
+        if not args.plot_only:
+            csv_path = compute(params, WARP_CONFIGS, prompts, out_dir, repeats=args.repeats, csv_name=WARP_CSV)
+        rows = read(csv_path)
+        print(table(summarize(rows)))
+        print("\nwarping after / before, tok/s per prompt (repeats pooled)\n" + warp_table(warp_summary(rows)))
+        print(f"csv: {csv_path}")
+        return
     if args.tree_sweep:
         csv_path = out_dir / SWEEP_CSV
         if not args.plot_only:
@@ -527,9 +621,9 @@ def main(argv=None):
         csv_path = out_dir / CSV_NAME
     else:
         configs = [c for c in args.configs.split(",") if c]
-        unknown = set(configs) - set(CONFIGS)
+        unknown = set(configs) - set(CONFIGS + WARP_CONFIGS)
         if unknown:
-            raise SystemExit(f"unknown configs {sorted(unknown)}; known: {CONFIGS}")
+            raise SystemExit(f"unknown configs {sorted(unknown)}; known: {CONFIGS + WARP_CONFIGS}")
         csv_path = compute(params, configs, prompts, out_dir, repeats=args.repeats)
     rows = read(csv_path)
     print(table(summarize(rows)))

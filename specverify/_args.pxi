@@ -100,6 +100,7 @@ cdef object _tensor = None  # torch.Tensor, torch.float64, ... once the caller h
 cdef object _torch_float64 = None
 cdef object _torch_generator = None
 cdef object _torch_empty = None
+cdef object _torch_empty_like = None
 cdef object _to_dlpack = None  # torch.utils.dlpack.to_dlpack, where the exchange API is missing
 cdef DLTensorFromPyObject _dltensor_from_tensor = NULL  # torch's DLPack exchange API (torch >= 2.10)
 cdef object _per_thread = threading.local()  # scratch tensors for drawn uniforms
@@ -107,14 +108,14 @@ cdef object _per_thread = threading.local()  # scratch tensors for drawn uniform
 
 cdef bint _torch_seen() except -1:
     """Cache torch's types once the caller has imported torch (we never import it here)."""
-    global _tensor, _torch_float64, _torch_generator, _torch_empty
+    global _tensor, _torch_float64, _torch_generator, _torch_empty, _torch_empty_like
     if _tensor is not None:
         return True
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
     _torch_float64 = torch.float64
-    _torch_generator, _torch_empty = torch.Generator, torch.empty
+    _torch_generator, _torch_empty, _torch_empty_like = torch.Generator, torch.empty, torch.empty_like
     _tensor = torch.Tensor
     _tensor_route("exchange" if _exchange_api_reader() != NULL else "capsule")
     return True
@@ -256,30 +257,52 @@ cdef void _release_last(_Held held) noexcept:
 cdef bint _read_rows(object x, Rows* out, _Held held) except -1:
     """Fill ``out`` if x is a 2-D float32 ndarray or CPU tensor (exact types, not subclasses),
     4-byte aligned, with unit inner stride.  Strides and address of an empty matrix do not matter."""
+    cdef bint vector
+    return _read_float32(x, out, held, False, False, &vector)
+
+
+cdef bint _read_float32(object x, Rows* out, _Held held, bint vector_ok, bint writable,
+                        bint* vector) except -1:
+    """``_read_rows``, and also a 1-D float32 vector [n] as the one row [1, n] when ``vector_ok``
+    (``vector`` tells which it was); with ``writable``, a read-only ndarray is refused."""
     cdef Py_buffer* view
     cdef TensorView tensor
+    cdef int ndim
+    cdef Py_ssize_t rows, cols, inner, row_stride
+    cdef uintptr_t address
     if type(x) is _ndarray:
         if not _get_buffer(x, held, &view):
             return False
-        if (view.ndim != 2 or view.format == NULL or strcmp(view.format, b"f") != 0
-                or (view.shape[0] > 0 and view.shape[1] > 1 and view.strides[1] != 4)
-                or (view.shape[0] > 1 and view.strides[0] % 4 != 0)
-                or (view.shape[0] > 0 and view.shape[1] > 0 and <uintptr_t> view.buf % 4 != 0)):
+        ndim = view.ndim
+        if ((ndim != 2 and not (ndim == 1 and vector_ok)) or view.format == NULL
+                or strcmp(view.format, b"f") != 0 or (writable and view.readonly)):
             _release_last(held)
             return False
-        out.data, out.rows, out.cols = <const char*> view.buf, view.shape[0], view.shape[1]
-        out.stride = view.strides[0] // 4
-        return True
-    if _tensor is not None and type(x) is _tensor:
-        if (not _view_tensor(x, &tensor) or tensor.ndim != 2 or tensor.code != DLPACK_FLOAT
-                or tensor.bits != 32
-                or (tensor.shape[0] > 0 and tensor.shape[1] > 1 and tensor.strides[1] != 1)
-                or (tensor.shape[0] > 0 and tensor.shape[1] > 0 and <uintptr_t> tensor.data % 4 != 0)):
+        rows = view.shape[0] if ndim == 2 else 1
+        cols = view.shape[ndim - 1]
+        inner = view.strides[ndim - 1]
+        row_stride = view.strides[0] if ndim == 2 else 4 * cols
+        address = <uintptr_t> view.buf
+    elif _tensor is not None and type(x) is _tensor:
+        if (not _view_tensor(x, &tensor) or tensor.code != DLPACK_FLOAT or tensor.bits != 32
+                or (tensor.ndim != 2 and not (tensor.ndim == 1 and vector_ok))):
             return False
-        out.data, out.rows, out.cols = tensor.data, tensor.shape[0], tensor.shape[1]
-        out.stride = tensor.strides[0]
-        return True
-    return False
+        ndim = tensor.ndim
+        rows = tensor.shape[0] if ndim == 2 else 1
+        cols = tensor.shape[ndim - 1]
+        inner = 4 * tensor.strides[ndim - 1]
+        row_stride = 4 * tensor.strides[0] if ndim == 2 else 4 * cols
+        address = <uintptr_t> tensor.data
+    else:
+        return False
+    if ((rows > 0 and cols > 1 and inner != 4) or (rows > 1 and row_stride % 4 != 0)
+            or (rows > 0 and cols > 0 and address % 4 != 0)):
+        if type(x) is _ndarray:
+            _release_last(held)
+        return False
+    out.data, out.rows, out.cols, out.stride = <const char*> address, rows, cols, row_stride // 4
+    vector[0] = ndim == 1
+    return True
 
 
 cdef int _unreadable(str name) except -1:

@@ -116,6 +116,51 @@ def float_rows(x, name, *, rows=None, cols=None):
     return x
 
 
+def warp_arrays(logits, out):
+    """``warp``'s arguments off the fast path: ``(rows, target, result)``, where ``rows`` are the
+    validated logits as C-contiguous float32 ``[n, V]`` (a view of a CPU tensor's memory where
+    possible, else a converted copy), ``target`` the writable C-contiguous float32 ``[n, V]``
+    ndarray the kernel writes (out's memory, or a new array) and ``result`` what ``warp``
+    returns: ``out``, else a new array of the logits' shape (a tensor if logits is one)."""
+    torch = loaded_torch()
+    if not (is_tensor(logits) or isinstance(logits, np.ndarray)):
+        logits = np.asarray(logits)
+    one_row = logits.ndim == 1
+    x = float_rows(logits[None, :] if one_row else logits, "logits")
+    rows = np.ascontiguousarray(x.numpy() if is_tensor(x) else x)
+    if out is None:
+        if is_tensor(x):
+            result = torch.empty(rows.shape, dtype=torch.float32)
+            target = result.numpy()
+        else:
+            result = target = np.empty(rows.shape, dtype=np.float32)
+        return rows, target, result[0] if one_row else result
+    out_rows = out[None, :] if one_row and getattr(out, "ndim", 0) == 1 else out
+    return rows, _writable_rows(out_rows, rows.shape), out
+
+
+def _writable_rows(out, shape):
+    """out as a writable C-contiguous float32 ndarray of ``shape`` (a view, never a copy)."""
+    if is_tensor(out):
+        torch = loaded_torch()
+        if out.device.type != "cpu" or out.dtype != torch.float32:
+            raise TypeError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
+        if out.layout != torch.strided:
+            raise TypeError(f"out must be a dense tensor, got layout {out.layout}")
+        if out.requires_grad:
+            raise ValueError("out must not require grad")
+        if out.is_neg():  # its memory holds the negation of what it reads as
+            raise ValueError("out must not be a negated view (torch._neg_view): pass out.resolve_neg()")
+        out = out.numpy()
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError(f"out must be a float32 ndarray or tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
+    if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
+        raise ValueError("out must be C-contiguous, aligned and writable")
+    return out.view(np.ndarray)  # a subclass (np.memmap, ...) as a plain view of the same memory
+
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 

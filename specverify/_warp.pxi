@@ -381,25 +381,89 @@ cdef object _raise_row_status(int status, str name, object rows, Py_ssize_t row)
     raise RuntimeError(f"specverify warp kernel returned unknown status {status}")
 
 
-def warp_into(logits, out, float scale, Py_ssize_t top_k, double top_p, float min_p):
-    """Kernel entry of ``specverify.warp``: logits and out are C-contiguous float32 [n, V]
-    ndarrays (out writable; out may be logits itself), the settings already validated and
-    converted (``scale = temperature_scale(T)``, ``min_p = min_p_threshold(min_p)`` or 0)."""
+def warp(logits, out, float scale, Py_ssize_t top_k, double top_p, float min_p):
+    """Kernel entry of ``specverify.warp`` (the settings already validated and converted:
+    ``scale = temperature_scale(T)``, ``min_p = min_p_threshold(min_p)`` or 0)."""
+    return _warp_entry(logits, out, scale, top_k, top_p, min_p, True, False)
+
+
+def convert_only_warp(logits, out=None, float scale=1.0, Py_ssize_t top_k=0, double top_p=1.0,
+                      float min_p=0.0):
+    """warp without its kernel: the argument handling alone (call-overhead benchmark)."""
+    return _warp_entry(logits, out, scale, top_k, top_p, min_p, False, False)
+
+
+cdef object _np_empty = np.empty
+cdef object _np_float32 = np.float32
+
+
+cdef inline bint _overlap(const Rows* a, const Rows* b) noexcept:
+    """Whether the address ranges of two non-empty row sets intersect (row strides >= 0: logits
+    with a negative one take the conversion road, which copies them)."""
+    cdef const char* a_end = a.data + 4 * ((a.rows - 1) * a.stride + a.cols)
+    cdef const char* b_end = b.data + 4 * ((b.rows - 1) * b.stride + b.cols)
+    return a.data < b_end and b.data < a_end
+
+
+cdef object _warp_entry(object logits, object out, float scale, Py_ssize_t top_k, double top_p,
+                        float min_p, bint run, bint converted):
+    """One call of ``warp``: logits ``[n, V]`` (or ``[V]``) -> float32 probabilities in out
+    (given, or a new array of the logits' kind and shape).
+
+    The common case is read here in C: float32 logits (an exact ndarray or CPU tensor, unit inner
+    stride) and, if given, out of the same shape, float32, C-contiguous and writable, either
+    disjoint from the logits or the logits themselves (in place).  Anything else goes through
+    ``_inputs.warp_arrays``, which converts or names the problem, and whose C-contiguous arrays
+    then take the same road (``converted``: these are they)."""
     cdef _Held held = _Held()
     cdef Rows x, o
+    cdef bint x_vector, o_vector
     cdef Py_ssize_t bad_row = -1
     cdef int status
+    cdef object result = out
+    _torch_seen()
     # (Rows, not typed memoryviews: those bring atomic reference counts, i.e. ARMv8.1 code.)
-    if not (_read_rows(logits, &x, held) and _read_rows(out, &o, held)):
-        _unreadable("logits or out")
+    if not (_read_float32(logits, &x, held, True, False, &x_vector) and x.cols > 0
+            and (x.stride >= 0 or x.rows <= 1)):
+        if converted:
+            _unreadable("logits")
+        return _warp_converted(logits, out, scale, top_k, top_p, min_p, run)
+    if out is None:  # float32 of the logits' shape, compact (torch.empty_like: no dtype argument
+        #               to parse, which costs torch.empty(shape, dtype=...) another ~0.6 µs)
+        result = (_np_empty(<object> (x.cols,) if x_vector else (x.rows, x.cols), dtype=_np_float32)
+                  if type(logits) is _ndarray else _torch_empty_like(logits))
+        if not (_read_float32(result, &o, held, True, True, &o_vector) and (o.rows <= 1 or o.stride == o.cols)):
+            _unreadable("out")
+    elif not (_read_float32(out, &o, held, x_vector, True, &o_vector) and o.rows == x.rows
+              and o.cols == x.cols and (o.rows <= 1 or o.stride == o.cols)
+              and not (type(out) is _tensor and out.requires_grad)):  # (DLPack describes those too)
+        if converted:
+            _unreadable("out")
+        return _warp_converted(logits, out, scale, top_k, top_p, min_p, run)
     if x.rows == 0:
-        return out
+        return result
+    if _overlap(&x, &o) and not (x.data == o.data and (x.stride == o.stride or x.rows == 1)):
+        if x.rows > 1 and x.stride != x.cols and not converted:
+            # Rows apart in memory that out overlaps: the conversion reads them as a compact copy.
+            return _warp_converted(logits, out, scale, top_k, top_p, min_p, run)
+        raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
+    if not run:
+        return None
     with nogil:
         status = _warp_rows(<const float*> x.data, x.stride, x.rows, x.cols, scale, top_k, top_p,
                             min_p, <float*> o.data, o.stride, &bad_row)
     if status != OK:
-        _raise_row_status(status, "logits", logits, bad_row)
-    return out
+        _raise_row_status(status, "logits", logits[None] if x_vector else logits, bad_row)
+    return result
+
+
+cdef object _warp_converted(object logits, object out, float scale, Py_ssize_t top_k,
+                            double top_p, float min_p, bint run):
+    """The slow road: ``_inputs.warp_arrays`` validates and converts (C-contiguous float32
+    ndarrays ``rows`` and ``target``), then the common case takes them."""
+    rows, target, result = _inputs.warp_arrays(logits, out)
+    _warp_entry(rows, target, scale, top_k, top_p, min_p, run, True)
+    return result if run else None
 
 
 cdef object _warp_per_thread = threading.local()
@@ -427,7 +491,7 @@ cdef object _scratch_rows(Py_ssize_t rows, Py_ssize_t v, float** data):
 def accept_logits(target_logits, draft_logits, draft_tokens, generator, uniforms, float scale,
                   Py_ssize_t top_k, double top_p, float min_p):
     """Kernel entry of ``specverify.accept_logits`` (uniforms None: drawn from generator), the
-    settings validated and converted as for ``warp_into``."""
+    settings validated and converted as for ``warp``."""
     return _logits_entry(_accept, target_logits, draft_logits, draft_tokens, generator, uniforms,
                          scale, top_k, top_p, min_p)
 

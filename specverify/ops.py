@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from . import _inputs, _kernels
+from . import _kernels
 from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
@@ -362,14 +362,6 @@ def _warp_settings(temperature, top_k, top_p, min_p):
     return temperature_scale(temperature), min(int(top_k), 2**62), float(top_p), threshold
 
 
-def _c_rows(x, name, rows=None, cols=None):
-    """``(ndarray, original)``: validated float32 rows as a C-contiguous ndarray (a view of a
-    CPU tensor's memory where possible)."""
-    x = _inputs.float_rows(x, name, rows=rows, cols=cols)
-    array = x.numpy() if _inputs.is_tensor(x) else x
-    return np.ascontiguousarray(array), x
-
-
 def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
     """Sampling probabilities from logits: temperature, then top-k, top-p and min-p, in O(V).
 
@@ -408,48 +400,7 @@ def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
             a row holding NaN or +inf, a row that is -inf everywhere, a bad ``out``.
     """
     scale, top_k, top_p, min_p = _warp_settings(temperature, top_k, top_p, min_p)
-    if not (_inputs.is_tensor(logits) or isinstance(logits, np.ndarray)):
-        logits = np.asarray(logits)
-    one_row = logits.ndim == 1
-    rows, converted = _c_rows(logits[None, :] if one_row else logits, "logits")
-    if out is None:
-        if _inputs.is_tensor(converted):
-            out = _inputs.loaded_torch().empty(rows.shape, dtype=converted.dtype)
-            target = out.numpy()
-        else:
-            out = target = np.empty(rows.shape, dtype=np.float32)
-        result = out[0] if one_row else out
-    else:
-        result = out
-        out = out[None, :] if one_row and getattr(out, "ndim", 0) == 1 else out
-        target = _writable_rows(out, rows.shape)
-        if np.may_share_memory(target, rows) and not (
-                target.__array_interface__["data"][0] == rows.__array_interface__["data"][0]):
-            raise ValueError("out overlaps logits without being the same memory (in place needs out=logits)")
-    _kernels.warp_into(rows, target, scale, top_k, top_p, min_p)
-    return result
-
-
-def _writable_rows(out, shape):
-    """out as a writable C-contiguous float32 ndarray of ``shape`` (a view, never a copy)."""
-    if _inputs.is_tensor(out):
-        torch = _inputs.loaded_torch()
-        if out.device.type != "cpu" or out.dtype != torch.float32:
-            raise TypeError(f"out must be a CPU float32 tensor, got {out.dtype} on {out.device}")
-        if out.layout != torch.strided:
-            raise TypeError(f"out must be a dense tensor, got layout {out.layout}")
-        if out.requires_grad:
-            raise ValueError("out must not require grad")
-        if out.is_neg():  # its memory holds the negation of what it reads as
-            raise ValueError("out must not be a negated view (torch._neg_view): pass out.resolve_neg()")
-        out = out.numpy()
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
-        raise TypeError(f"out must be a float32 ndarray or tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out must have shape {list(shape)}, got {list(out.shape)}")
-    if not out.flags.c_contiguous or not out.flags.writeable or not out.flags.aligned:
-        raise ValueError("out must be C-contiguous, aligned and writable")
-    return out.view(np.ndarray)  # a subclass (np.memmap, ...) as a plain view of the same memory
+    return _kernels.warp(logits, out, scale, top_k, top_p, min_p)
 
 
 def accept_logits(target_logits, draft_logits, draft_tokens, generator=None, *, temperature=1.0,

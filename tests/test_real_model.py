@@ -118,6 +118,40 @@ def test_tiny_greedy_equals_generate_with_both_drafts(tiny):
         assert out.tolist() == ref.tolist()
 
 
+def test_warp_compare_configs_swap_only_the_warping(tiny):
+    """experiments.real_model --warp-compare: a ``_torchwarp`` twin makes its rows with the torch
+    warp (and the plain config with sv.warp), ``hf_sample_svwarp`` runs generate with the processor,
+    and warp_summary pairs every config with its twin."""
+    from experiments import real_model as rm
+    from specverify.integrations.transformers import Sampling
+
+    sampling = Sampling(greedy=False, temperature=0.8, top_p=0.9)
+    logits = 3 * torch.randn(4, 97, generator=torch.Generator().manual_seed(3))
+    torch_rows = rm._torch_warp_sampling(sampling).rows(logits)
+    assert torch.equal(torch_rows, warp(logits, 0.8, 0, 0.9))
+    assert torch.equal(torch_rows > 0, sampling.rows(logits) > 0)
+    assert not torch.equal(torch_rows, sampling.rows(logits))  # two implementations, last bits apart
+
+    class Tokenizer:
+        eos_token_id = None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    params = rm.make_params(max_new=5, temperature=0.8, top_k=0, top_p=0.9)
+    prompt = torch.randint(0, 97, (10,), generator=torch.Generator().manual_seed(4))
+    rows = []
+    for config in rm.WARP_CONFIGS:
+        row = rm.run_one(config, prompt, tiny, Tokenizer(), early_exit(tiny, 2), params)
+        assert row["new_tokens"] == 5 and row["top_p"] == 0.9
+        assert row["warp"] == {"hf_sample": "transformers"}.get(
+            config, "torch" if config.endswith(rm.TORCH_WARP) else "specverify")
+        rows.append(dict(row, prompt="p"))
+    summary = rm.warp_summary(rows)
+    assert [(s["before"], s["after"]) for s in summary] == rm.WARP_PAIRS
+    assert all(s["mean_ratio"] > 0 for s in summary)
+
+
 def test_early_exit_shares_weights(tiny):
     draft = early_exit(tiny, 2)
     assert draft.config.num_hidden_layers == 2 and len(draft.model.layers) == 2

@@ -198,6 +198,76 @@ def test_warp_on_tensors():
     assert sv.warp(torch.from_numpy(x).to(torch.bfloat16), out=out) is out
 
 
+@pytest.mark.emulated
+def test_warp_reads_arrays_in_place_and_converts_the_rest():
+    """The kernel entry reads the common arrays itself (1-D or 2-D float32, out disjoint or the
+    logits themselves) and sends the rest through the conversion: the same bits either way."""
+    rng = np.random.default_rng(6)
+    settings = dict(temperature=0.8, top_p=0.9)
+    x = logit_rows(rng, 4, 300, "zipf")
+    want = rw.warp(x, **settings)
+    assert sv._kernels.convert_only_warp(x) is None
+    assert sv._kernels.convert_only_warp(x, np.empty_like(x)) is None
+    for out in (np.empty((300,), np.float32), np.empty((1, 300), np.float32)):  # one row: [V] or [1, V]
+        assert sv.warp(x[2], out=out, **settings) is out
+        assert_same_bits(out.reshape(1, -1), want[2:3])
+    wide = np.full((4, 400), 7.0, dtype=np.float32)
+    wide[:, :300] = x
+    assert_same_bits(sv.warp(wide[:, :300], **settings), want)            # rows apart in memory
+    assert_same_bits(sv.warp(x[::-1], **settings), want[::-1])            # a negative row stride
+    assert_same_bits(sv.warp(np.broadcast_to(x[1], (3, 300)), **settings), np.tile(want[1], (3, 1)))
+    out = wide.reshape(-1)[:1200].reshape(4, 300)  # C-contiguous, overlapping wide's rows
+    assert sv.warp(wide[:, :300], out=out, **settings) is out  # read as a copy first (as before)
+    assert_same_bits(out, want)
+    assert sv.warp(np.empty((0, 300), np.float32), **settings).shape == (0, 300)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be C-contiguous, aligned and writable"):
+        sv.warp(x, out=frozen)
+    with pytest.raises(ValueError, match="out must have shape"):
+        sv.warp(x[:1], out=np.empty(300, np.float32))  # [V] out only for [V] logits
+    with pytest.raises(ValueError, match="out overlaps"):
+        y = np.concatenate([[0.0], x.ravel()]).astype(np.float32)
+        sv.warp(y[1:].reshape(4, 300), out=y[:-1].reshape(4, 300))  # one float apart
+
+
+def test_warp_reads_tensors_in_place_and_converts_the_rest():
+    torch = pytest.importorskip("torch")
+    from specverify import _kernels
+    rng = np.random.default_rng(7)
+    settings = dict(top_k=40, top_p=0.9)
+    x = logit_rows(rng, 3, 500, "zipf")
+    want = rw.warp(x, **settings)
+    route = _kernels._tensor_route()
+    default = torch.get_default_dtype()
+    try:
+        for r in ("exchange", "capsule") if route == "exchange" else ("capsule",):
+            _kernels._tensor_route(r)
+            t = torch.from_numpy(x.copy())
+            row = sv.warp(t[1], **settings)
+            assert isinstance(row, torch.Tensor) and row.shape == (500,)
+            assert_same_bits(row.numpy(), want[1])
+            assert sv.warp(t, out=t, **settings) is t  # in place
+            assert_same_bits(t.numpy(), want)
+            shared = torch.from_numpy(x.copy())
+            with pytest.raises(ValueError, match="out overlaps"):
+                sv.warp(shared[:2], out=shared.numpy()[1:])  # a tensor and an ndarray of one memory
+            assert_same_bits(sv.warp(torch.from_numpy(x).requires_grad_(), **settings).numpy(), want)
+            with pytest.raises(ValueError, match="out must not require grad"):
+                sv.warp(torch.from_numpy(x), out=torch.empty(3, 500, requires_grad=True))
+            with pytest.raises(TypeError, match="out must be a CPU float32 tensor"):
+                sv.warp(torch.from_numpy(x), out=torch.empty(3, 500, dtype=torch.float64))
+            torch.set_default_dtype(torch.float64)
+            assert sv.warp(torch.from_numpy(x), **settings).dtype == torch.float32
+            torch.set_default_dtype(default)
+            wide = torch.zeros(3, 600)
+            wide[:, :500] = torch.from_numpy(x)
+            assert_same_bits(sv.warp(wide[:, :500], **settings).numpy(), want)
+    finally:
+        torch.set_default_dtype(default)
+        _kernels._tensor_route(route)
+
+
 # -- validation ---------------------------------------------------------------------------------
 @pytest.mark.emulated
 @pytest.mark.parametrize("settings, error, words", [
