@@ -109,7 +109,6 @@ cdef extern from *:
     const uint32_t NEGATIVE_ZERO_BITS "SV_NEGATIVE_ZERO_BITS"
     const uint32_t NEGATIVE_INF_BITS "SV_NEGATIVE_INF_BITS"
 
-
 # A read hint (no fault past the end of a row; a no-op where the compiler has none).
 cdef extern from *:
     """
@@ -284,18 +283,17 @@ cdef union FloatBits32:
 
 cdef inline float _lane_sum(const float* x, Py_ssize_t steps, uint32_t* signs) noexcept nogil:
     """float32 sum of x[0:steps * LANES] (steps <= STEPS: a block, zero-padded if short) in the
-    documented lane order (Inf if it overflows); signs[l] |= the bits of x[j] for the j with
-    j % 16 == l (signs: [SIGN_LANES], a local array of the caller carried across a row's blocks;
-    its OR has the sign bit set iff some element's sign is set: a negative value, -Inf, -0.0 or a
-    NaN with its sign set).
+    documented lane order (Inf if it overflows), OR-ing into ``signs`` ([SIGN_LANES], a local
+    array of the caller carried across a row's blocks) bits whose sign bit is set if some element
+    is negative or -Inf (a -0.0 or a NaN may set it too; the caller's slower scan decides then).
 
     A lane is a chain of dependent float32 adds; 64 lanes are four independent AVX-512 vectors
     (eight AVX2, sixteen NEON), read from one contiguous 256-byte step, so the adders stay busy
-    and the hardware prefetcher sees one stream.  The sign mask rides on the same loads (an OR is
-    exact in any order; NaN and +Inf show in the sum).  With AVX-512, ``sv_lane_sum`` (C
-    vector types) does it with one load per element; elsewhere the portable loop below keeps a
-    float minimum per lane (a minimum is exact in any order; NaN may be skipped: the sum catches
-    it) and ORs its bits into ``signs`` at the end of the block.
+    and the hardware prefetcher sees one stream.  The validation rides on the same loads (NaN
+    and +Inf show in the sum).  With AVX-512, ``sv_lane_sum`` (C vector types) ORs the elements'
+    bits, one load per element; elsewhere the portable loop below keeps a float minimum per lane
+    (exact in any order; NaN may be skipped: the sum catches it) and ORs its bits into ``signs``
+    at the end of the block.
     """
     cdef float acc[LANES]
     cdef float low[SIGN_LANES]
