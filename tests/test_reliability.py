@@ -334,8 +334,10 @@ def test_converted_arguments_live_until_the_kernel_ends():
     stop = threading.Event()
 
     def collect():
+        # The youngest generation, where the call's temporaries live: a full collection of a
+        # large test process's heap holds the GIL for a long while and the ops just wait for it.
         while not stop.is_set():
-            gc.collect()
+            gc.collect(0)
 
     collector = threading.Thread(target=collect)
     collector.start()
