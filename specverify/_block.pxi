@@ -9,7 +9,9 @@
 # Reads: one fused pass (mass + validation) over every target row 0..K and draft row 0..K-1, in
 # order, whatever the uniforms (so a bad row always raises); then residual passes over row pairs
 # K-1, K-2, ... only as far down as the decision needs (down to tau; none when coin K passes; each
-# pass's block sums serve the final draw when it decides tau).  The final draw scans one block.
+# pass's block sums serve the final draw when it decides tau).  A row with p_i = 1 whose ratio
+# looks set to fall (p_t < q_t) sums its residual in the forward pass: tau lands there, with
+# p_tau = 1, when every coin above fails.  The final draw scans one block.
 #
 
 cdef int _accept_block(const float* target, Py_ssize_t target_stride, const float* draft,
@@ -30,19 +32,22 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
     # [K+1, n_blocks] target block sums, [n_blocks] residual block sums (row tau's at the end),
-    # [n_blocks] draft scratch, then per row: masses P_i, Q_i and capped ratios p_0..p_K.
-    cdef double* memory = <double*> malloc(((k + 3) * n_blocks + 3 * k + 2) * sizeof(double))
+    # [n_blocks] draft scratch, [n_blocks] a row's residual at ratio 1 summed in its forward pass,
+    # then per row: masses P_i, Q_i and capped ratios p_0..p_K.
+    cdef double* memory = <double*> malloc(((k + 4) * n_blocks + 3 * k + 2) * sizeof(double))
     cdef double* target_blocks = memory
     cdef double* residual_blocks = target_blocks + (k + 1) * n_blocks
     cdef double* draft_blocks = residual_blocks + n_blocks
-    cdef double* p_mass = draft_blocks + n_blocks
+    cdef double* fused_blocks = draft_blocks + n_blocks
+    cdef double* p_mass = fused_blocks + n_blocks
     cdef double* q_mass = p_mass + k + 1
     cdef double* survival = q_mass + k
     cdef const float* p
     cdef const float* q
-    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, fraction
+    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, fused_mass = 0.0, passed, fraction
+    cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
-    cdef Py_ssize_t i, t, tau, b, start
+    cdef Py_ssize_t i, t = 0, tau, b, start, fused_row = -1
     cdef int status = OK
     if memory == NULL:
         return NO_MEMORY
@@ -50,10 +55,22 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     for i in range(k + 1):
         p = target + i * target_stride
         q = draft + i * draft_stride if draft != NULL and i < k else NULL
-        p_mass[i] = _row_mass(p, v, target_blocks + i * n_blocks, &p_bits)
         q_bits = 0
         if i < k:
-            q_mass[i] = _row_mass(q, v, draft_blocks, &q_bits) if q != NULL else 1.0
+            t = tokens[i]
+            check_index(t, v)
+        if q != NULL and survival[i] >= 1.0 and <double> p[t] < <double> q[t]:
+            # p_{i+1} will fall below p_i = 1 unless P and Q differ: row i is where tau lands if
+            # every coin above fails, and its draw then needs the residual at ratio P/Q, summed
+            # here in the masses' read.  (The last such row is the only one tau can be.)
+            fused_mass = _row_pair_masses(p, q, v, target_blocks + i * n_blocks, draft_blocks,
+                                          fused_blocks, masses, &p_bits)
+            p_mass[i], q_mass[i], q_bits = masses[0], masses[1], p_bits
+            fused_row = i
+        else:
+            p_mass[i] = _row_mass(p, v, target_blocks + i * n_blocks, &p_bits)
+            if i < k:
+                q_mass[i] = _row_mass(q, v, draft_blocks, &q_bits) if q != NULL else 1.0
         bad_row[0] = i
         if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES
@@ -68,8 +85,6 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
             return status
         if i < k:
             # p_{i+1} = min(1, c / d), c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step)
-            t = tokens[i]
-            check_index(t, v)
             c = survival[i] * (<double> p[t] * q_mass[i])
             d = (<double> q[t] if q != NULL else 1.0) * p_mass[i]
             survival[i + 1] = 0.0 if c == 0.0 else (1.0 if c >= d else c / d)
@@ -92,7 +107,9 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
             if uniforms[i - 1] * (passed + (1.0 - survival[i]) * p_mass[i]) < passed:
                 tau = i
                 break
-        if survival[tau] >= 1.0:  # tau decided without its residual (p_0 = 1 too): the draw needs it
+        if survival[tau] >= 1.0 and tau == fused_row and _snaps_to_one(p_mass[tau] / q_mass[tau]):
+            residual_mass, residual_blocks = fused_mass, fused_blocks
+        elif survival[tau] >= 1.0:  # tau decided without its residual (p_0 = 1 too): the draw needs it
             residual_mass = _row_residual(target, target_stride, draft, draft_stride, tokens, v, tau,
                                           p_mass[tau], q_mass[tau], survival[tau], target_blocks,
                                           residual_blocks)

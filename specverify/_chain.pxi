@@ -24,28 +24,46 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
                  Py_ssize_t draft_stride, const int64_t* tokens, Py_ssize_t k, Py_ssize_t v,
                  const double* uniforms, Py_ssize_t* n_accepted, int64_t* next_token,
                  Py_ssize_t* bad_row) noexcept nogil:
-    """Speculative sampling over validated rows; ``draft`` NULL means a point-mass draft."""
+    """Speculative sampling over validated rows; ``draft`` NULL means a point-mass draft.
+
+    A position whose test will fail unless its masses differ (u * q_t >= p_t: the test with P = Q)
+    reads its two rows once for their masses and their residual at ratio 1 (``_row_pair_masses``),
+    which is the residual the contract takes whenever P/Q is within 2^-20 of 1; any other
+    rejection sums its residual in a second pass.  Both give the same bits.
+    """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
-    cdef double* target_blocks = <double*> malloc(2 * n_blocks * sizeof(double))
-    cdef double* residual_blocks = target_blocks + n_blocks
+    cdef double* target_blocks = <double*> malloc(3 * n_blocks * sizeof(double))
+    cdef double* draft_blocks = target_blocks + n_blocks
+    cdef double* residual_blocks = draft_blocks + n_blocks
     cdef const float* p
     cdef const float* q
     cdef double p_mass, q_mass, residual_mass, fraction
+    cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
-    cdef Py_ssize_t i, t, b, start, stop
+    cdef Py_ssize_t i, t = 0, b, start, stop
+    cdef bint residual_ready
     cdef int status = OK
     if target_blocks == NULL:
         return NO_MEMORY
     for i in range(k + 1):
         p = target + i * target_stride
         q = draft + i * draft_stride if draft != NULL and i < k else NULL
-        p_mass = _row_mass(p, v, target_blocks, &p_bits)
-        if q != NULL:
-            # residual_blocks is free until a rejection: scratch for the draft's block sums
-            q_mass = _row_mass(q, v, residual_blocks, &q_bits)
+        residual_ready = False
+        if i < k:
+            t = tokens[i]
+            check_index(t, v)
+        if q != NULL and uniforms[i] * <double> q[t] >= <double> p[t]:
+            residual_mass = _row_pair_masses(p, q, v, target_blocks, draft_blocks, residual_blocks,
+                                             masses, &p_bits)
+            p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
+            residual_ready = True
         else:
-            q_mass = 1.0
-            q_bits = 0
+            p_mass = _row_mass(p, v, target_blocks, &p_bits)
+            if q != NULL:
+                q_mass = _row_mass(q, v, draft_blocks, &q_bits)
+            else:
+                q_mass = 1.0
+                q_bits = 0
         bad_row[0] = i
         if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES
@@ -62,13 +80,12 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             n_accepted[0] = k
             next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])
             break
-        t = tokens[i]
-        check_index(t, v)
         if q != NULL:
             # Accept iff u < (p_t / P) / (q_t / Q), written without division.
             if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
                 continue
-            residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
+            if not (residual_ready and _snaps_to_one(p_mass / q_mass)):
+                residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
             n_accepted[0] = i
             if residual_mass > 0.0:
                 b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)

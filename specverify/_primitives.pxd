@@ -28,11 +28,15 @@
 #
 # Residual weights for a target row p, draft row q and mass ratio r = P/Q (float64): in float32,
 #   w = max(0, p - x),  x = ((q * a) * b) * c,  each product rounded to float32,
-# with (a, b, c) = _ratio_factors(r): c = float32(r) and a = b = 1 (so x = q * float32(r)) when
-# 2^-101 <= r < 2^100; beyond that, a and b are powers of two carrying the excess exponent (half
+# with (a, b, c) = _ratio_factors(r): a = b = c = 1 (so w = max(0, p - q)) when |r - 1| <= 2^-20;
+# c = float32(r) and a = b = 1 (so x = q * float32(r)) when 2^-101 <= r < 2^100; beyond that, a and b are powers of two carrying the excess exponent (half
 # each) and c = float32(r / (a * b)), so that x overflows only where q * r > 3.4e38 >= p (w = 0
 # either way) and no factor is Inf or 0 (q = 0 gives x = 0, w = p).  r is clamped to
 # [2^-300, 2^300] first, which changes no weight (every q > 0 then overflows, or underflows to 0).
+# Why the snap to 1: two masses are each known to a relative ~gamma_9 (below), so a ratio within
+# 2^-20 ~ 9.5e-7 of 1 is 1 to the accuracy it has; rows normalized to the same mass (every
+# softmax) land there, and a residual at ratio 1 can be summed in the same read as the masses,
+# before the ratio is known (``_row_pair_masses``): a rejection then reads its rows once, not twice.
 #
 # Draws (inverse CDF) from weights with a uniform v: the block is the first whose running float64
 # sum of block sums exceeds v * total; f = (v * total - sum before it) / its block sum, in [0, 1).
@@ -54,17 +58,19 @@
 #   min(1, p_t Q / (q_t P)) (decided in float64 from them) <= ~2 gamma_9 ~ 1.1e-6;
 # - a draw picks index j with probability w_j / sum(w) times a factor in 1 +- 2 gamma_9 (block b
 #   carries its float32 sum over its float64 sum, within 1 +- gamma_9);
-# - a residual weight carries, besides the mass ratio's error, at most 3 float32 roundings: an
-#   error <= ~(2 gamma_9 + 3 u) q_j P/Q + u w_j, relative to w_j except where p_j and q_j P/Q
-#   agree to ~1e-6 (there float32 cannot resolve the difference; such tokens reach the residual
-#   only as often as p and q disagree, ~1e-6 of the rounds they appear in).
-# So each emitted token's probability is within a relative ~4 gamma_9 ~ 2e-6 of the exact law of
-# the float32 inputs, away from that near-cancellation.  A chi-square test of N rounds against a
-# relative bias eps has noncentrality <= N * eps^2: 0.004 for N = 1e9, so its power stays at its
-# level; a test needs N ~ 1e12 rounds to see it.
+# - a residual weight carries, besides the mass ratio's error and its snap to 1, at most 3
+#   float32 roundings: an error <= ~(2 gamma_9 + 2^-20 + 3 u) q_j P/Q + u w_j, relative to w_j
+#   except where p_j and q_j P/Q agree to ~2e-6 (there float32 cannot resolve the difference;
+#   such tokens reach the residual only as often as p and q disagree, ~2e-6 of the rounds they
+#   appear in).
+# So each emitted token's probability is within a relative ~4 gamma_9 + 2^-20 ~ 3e-6 of the exact
+# law of the float32 inputs, away from that near-cancellation.  A chi-square test of N rounds
+# against a relative bias eps has noncentrality <= N * eps^2: 0.01 for N = 1e9, so its power stays
+# at its level; a test needs N ~ 1e11 rounds to see it.
 #
 # Exact edges: p == q gives P == Q, r = 1, w = 0 everywhere (so p is drawn: a zero residual falls
 # back to p); p = 2^k q (exactly, no partial sum subnormal) gives P = 2^k Q and w = 0 too; the
+# snap moves no edge: it touches only the residual weights, never the accept test; the
 # accept test u * (q_t * P) < p_t * Q stays float64, so p == q (at any power-of-two scale) always
 # accepts, q_t = 0 accepts iff p_t > 0, p_t = 0 never does, and w_j = 0 wherever p_j = 0.
 #
@@ -129,6 +135,7 @@ cdef extern from *:
     #define SV_RATIO_HIGHEST 0x1p300
     #define SV_RATIO_LOW 0x1p-101
     #define SV_RATIO_HIGH 0x1p100
+    #define SV_RATIO_SNAP 0x1p-20
     """
     const float RESCUE_DOWN "SV_RESCUE_DOWN"      # overflowed block: elements scaled by 2^-32
     const double RESCUE_UP "SV_RESCUE_UP"         # and its sum scaled back by 2^32
@@ -136,6 +143,7 @@ cdef extern from *:
     const double RATIO_HIGHEST "SV_RATIO_HIGHEST"
     const double RATIO_LOW "SV_RATIO_LOW"         # ratios in [2^-101, 2^100): one factor
     const double RATIO_HIGH "SV_RATIO_HIGH"
+    const double RATIO_SNAP "SV_RATIO_SNAP"       # ratios within 2^-20 of 1 are taken as exactly 1
 
 # The lane tree of a block, in C: lane l + half folds into lane l for half = 32, 16, 8, 4, 2, 1.
 # GCC/Clang vector types spell the first four levels as whole-vector adds of the two halves,
@@ -195,11 +203,59 @@ cdef extern from *:
         memcpy(lanes + 48, &s3, 64);
         return sv_lane_tree(lanes);
     }
+    /* The same for a row pair p, q: sums[0:3] = the lane sums of p, of q and of the residual
+       weights max(0, p - q) (mass ratio 1), the bits of both rows OR-ed into one mask. */
+    static inline void sv_pair_lane_sums(const float* p, const float* q, Py_ssize_t steps,
+                                         unsigned int* signs, float* sums) {
+        sv_f32x16 sp0 = {0}, sp1 = {0}, sp2 = {0}, sp3 = {0}, sq0 = {0}, sq1 = {0}, sq2 = {0}, sq3 = {0};
+        sv_f32x16 sw0 = {0}, sw1 = {0}, sw2 = {0}, sw3 = {0}, zero = {0};
+        sv_f32x16 p0, p1, p2, p3, q0, q1, q2, q3, d0, d1, d2, d3;
+        sv_u32x16 bits;
+        float lanes[64];
+        Py_ssize_t step;
+        memcpy(&bits, signs, 64);
+        for (step = 0; step < steps; step++) {
+            memcpy(&p0, p + 64 * step, 64);
+            memcpy(&p1, p + 64 * step + 16, 64);
+            memcpy(&p2, p + 64 * step + 32, 64);
+            memcpy(&p3, p + 64 * step + 48, 64);
+            memcpy(&q0, q + 64 * step, 64);
+            memcpy(&q1, q + 64 * step + 16, 64);
+            memcpy(&q2, q + 64 * step + 32, 64);
+            memcpy(&q3, q + 64 * step + 48, 64);
+            __asm__("" : "+v"(p0), "+v"(p1), "+v"(p2), "+v"(p3));
+            __asm__("" : "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
+            sp0 += p0; sp1 += p1; sp2 += p2; sp3 += p3;
+            sq0 += q0; sq1 += q1; sq2 += q2; sq3 += q3;
+            d0 = p0 - q0; d1 = p1 - q1; d2 = p2 - q2; d3 = p3 - q3;
+            /* max(0, d) as the scalar d > 0 ? d : 0 (NaN gives 0) */
+            sw0 += (sv_f32x16) ((sv_u32x16) d0 & (sv_u32x16) (d0 > zero));
+            sw1 += (sv_f32x16) ((sv_u32x16) d1 & (sv_u32x16) (d1 > zero));
+            sw2 += (sv_f32x16) ((sv_u32x16) d2 & (sv_u32x16) (d2 > zero));
+            sw3 += (sv_f32x16) ((sv_u32x16) d3 & (sv_u32x16) (d3 > zero));
+            bits |= (((sv_u32x16) p0 | (sv_u32x16) p1) | ((sv_u32x16) p2 | (sv_u32x16) p3))
+                    | (((sv_u32x16) q0 | (sv_u32x16) q1) | ((sv_u32x16) q2 | (sv_u32x16) q3));
+        }
+        memcpy(signs, &bits, 64);
+        memcpy(lanes, &sp0, 64); memcpy(lanes + 16, &sp1, 64);
+        memcpy(lanes + 32, &sp2, 64); memcpy(lanes + 48, &sp3, 64);
+        sums[0] = sv_lane_tree(lanes);
+        memcpy(lanes, &sq0, 64); memcpy(lanes + 16, &sq1, 64);
+        memcpy(lanes + 32, &sq2, 64); memcpy(lanes + 48, &sq3, 64);
+        sums[1] = sv_lane_tree(lanes);
+        memcpy(lanes, &sw0, 64); memcpy(lanes + 16, &sw1, 64);
+        memcpy(lanes + 32, &sw2, 64); memcpy(lanes + 48, &sw3, 64);
+        sums[2] = sv_lane_tree(lanes);
+    }
     #else
     #define SV_WIDE_LANE_SUM 0
     static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
         (void) x; (void) steps; (void) signs;
         return 0.0f;   /* never called: SV_WIDE_LANE_SUM is 0 */
+    }
+    static inline void sv_pair_lane_sums(const float* p, const float* q, Py_ssize_t steps,
+                                         unsigned int* signs, float* sums) {
+        (void) p; (void) q; (void) steps; (void) signs; (void) sums;   /* never called */
     }
     #endif
     #if !(defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
@@ -216,6 +272,8 @@ cdef extern from *:
     float lane_tree "sv_lane_tree"(const float* a) noexcept nogil
     const bint WIDE_LANE_SUM "SV_WIDE_LANE_SUM"
     float lane_sum "sv_lane_sum"(const float* x, Py_ssize_t steps, uint32_t* signs) noexcept nogil
+    void pair_lane_sums "sv_pair_lane_sums"(const float* p, const float* q, Py_ssize_t steps,
+                                            uint32_t* signs, float* sums) noexcept nogil
 
 
 # Index checks for debug builds (setup.py: SPECVERIFY_BUILD=debug or asan, or
@@ -389,11 +447,16 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     return total
 
 
+cdef inline bint _snaps_to_one(double mass_ratio) noexcept nogil:
+    """True iff the contract takes the mass ratio as exactly 1: |mass_ratio - 1| <= 2^-20."""
+    return -RATIO_SNAP <= mass_ratio - 1.0 <= RATIO_SNAP
+
+
 cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogil:
     """factors[0:3] = (a, b, c) of the contract: q * mass_ratio is evaluated as ((q * a) * b) * c.
 
     mass_ratio = P / Q > 0, clamped to [2^-300, 2^300].  With mass_ratio in [2^(e-1), 2^e): a = b = 1
-    and c = float32(mass_ratio) if |e| <= 100; else the excess exponent e - clamp(e, -100, 100) is
+    and c = float32(mass_ratio) if |e| <= 100 (c = 1 if |mass_ratio - 1| <= 2^-20); else the excess exponent e - clamp(e, -100, 100) is
     split into a = 2^(excess >> 1) and b = 2^(excess - (excess >> 1)), and c = float32(mass_ratio /
     (a * b)) lies in [2^-101, 2^100).  All three are normal float32 numbers.
     """
@@ -402,7 +465,7 @@ cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogi
     if RATIO_LOW <= r < RATIO_HIGH:  # |e| <= 100: the common case, without libm calls
         factors[0] = 1.0
         factors[1] = 1.0
-        factors[2] = <float> r
+        factors[2] = 1.0 if _snaps_to_one(r) else <float> r
         return
     frexp(r, &e)
     excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)
@@ -412,10 +475,14 @@ cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogi
     factors[2] = <float> ldexp(r, -excess)
 
 
+cdef inline float _positive_part(float d) noexcept nogil:
+    """max(0, d), NaN giving 0."""
+    return d if d > 0.0 else 0.0
+
+
 cdef inline float _weight(float p, float q, float a, float b, float c) noexcept nogil:
     """Residual weight max(0, p - ((q * a) * b) * c) in float32 (see ``_ratio_factors``)."""
-    cdef float d = p - ((q * a) * b) * c
-    return d if d > 0.0 else 0.0
+    return _positive_part(p - ((q * a) * b) * c)
 
 
 cdef inline double _residual_weight(float p, float q, double mass_ratio) noexcept nogil:
@@ -474,6 +541,104 @@ cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize
         block_sums[b] = _residual_block_sum(p + start, q + start, min(BLOCK, n - start), f)
         total += block_sums[b]
     return total
+
+
+cdef inline void _pair_lane_sums(const float* p, const float* q, Py_ssize_t steps, uint32_t* signs,
+                                 float* sums) noexcept nogil:
+    """sums[0:3] = the float32 lane sums (``_lane_sum``'s order) of p, of q and of the residual
+    weights max(0, p - q) at mass ratio 1, of one full block pair p, q[0:steps * LANES], in one
+    read of each element; the bits of both rows are OR-ed into ``signs`` (see ``_lane_sum``).
+
+    Same bits as ``_lane_sum`` of p, of q and ``_residual_block_sum`` at ratio 1 (the products
+    q * 1 are exact).  The portable loop takes the lanes a quarter (SIGN_LANES) at a time, each
+    lane still in increasing j: 48 accumulators do not fit NEON's or AVX2's registers, 12 do.
+    """
+    cdef float acc_p[LANES]
+    cdef float acc_q[LANES]
+    cdef float acc_w[LANES]
+    cdef float sp[SIGN_LANES]
+    cdef float sq[SIGN_LANES]
+    cdef float sw[SIGN_LANES]
+    cdef float low[SIGN_LANES]
+    cdef FloatBits32 lowest
+    cdef Py_ssize_t j, l, s, quarter
+    if WIDE_LANE_SUM:
+        pair_lane_sums(p, q, steps, signs, sums)
+        return
+    for l in range(SIGN_LANES):
+        low[l] = 0.0
+    for quarter in range(LANES // SIGN_LANES):
+        for l in range(SIGN_LANES):
+            sp[l] = 0.0
+            sq[l] = 0.0
+            sw[l] = 0.0
+        # hot loop: row-pair sums
+        for s in range(steps):
+            j = s * LANES + quarter * SIGN_LANES
+            for l in range(SIGN_LANES):
+                sp[l] += p[j + l]
+                sq[l] += q[j + l]
+                sw[l] += _positive_part(p[j + l] - q[j + l])
+                low[l] = min(low[l], min(p[j + l], q[j + l]))
+        for l in range(SIGN_LANES):
+            acc_p[quarter * SIGN_LANES + l] = sp[l]
+            acc_q[quarter * SIGN_LANES + l] = sq[l]
+            acc_w[quarter * SIGN_LANES + l] = sw[l]
+    for l in range(SIGN_LANES):
+        lowest.f = low[l]
+        signs[l] |= lowest.u
+    sums[0] = lane_tree(acc_p)
+    sums[1] = lane_tree(acc_q)
+    sums[2] = lane_tree(acc_w)
+
+
+cdef inline double _row_pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_blocks,
+                                    double* q_blocks, double* residual_blocks, double* masses,
+                                    uint32_t* max_bits) noexcept nogil:
+    """``_row_mass`` of p and of q and ``_residual_block_sums`` of (p, q) at mass ratio 1, in one
+    read of the two rows (the residual a rejection needs whenever P/Q snaps to 1, as it does for
+    rows normalized to the same mass; otherwise it is recomputed with the true ratio).
+
+    p, q: [n] float32.  p_blocks, q_blocks, residual_blocks: [ceil(n / BLOCK)] float64 (outputs).
+    masses[0:2] = (P, Q); returns the residual total.  max_bits: as ``_row_mass``'s, for both rows
+    at once (the slower scan of each row decides which is bad).
+    """
+    cdef uint32_t signs[SIGN_LANES]
+    cdef uint32_t any_sign = 0
+    cdef float sums[3]
+    cdef float ones[3]
+    cdef double p_total = 0.0, q_total = 0.0, residual_total = 0.0
+    cdef Py_ssize_t b, l, start
+    for l in range(SIGN_LANES):
+        signs[l] = 0
+    for l in range(3):
+        ones[l] = 1.0
+    for b in range(n // BLOCK):
+        start = b * BLOCK
+        _pair_lane_sums(p + start, q + start, STEPS, signs, sums)
+        p_blocks[b] = <double> sums[0] if sums[0] <= FLT_MAX else _rescued_sum(p + start, STEPS)
+        q_blocks[b] = <double> sums[1] if sums[1] <= FLT_MAX else _rescued_sum(q + start, STEPS)
+        residual_blocks[b] = (<double> sums[2] if sums[2] <= FLT_MAX
+                              else _residual_block_sum(p + start, q + start, BLOCK, ones))
+        p_total += p_blocks[b]
+        q_total += q_blocks[b]
+        residual_total += residual_blocks[b]
+    if n % BLOCK:
+        b = n // BLOCK
+        start = b * BLOCK
+        p_blocks[b] = _block_sum_signs(p + start, n % BLOCK, signs)
+        q_blocks[b] = _block_sum_signs(q + start, n % BLOCK, signs)
+        residual_blocks[b] = _residual_block_sum(p + start, q + start, n % BLOCK, ones)
+        p_total += p_blocks[b]
+        q_total += q_blocks[b]
+        residual_total += residual_blocks[b]
+    for l in range(SIGN_LANES):
+        any_sign |= signs[l]
+    masses[0] = p_total
+    masses[1] = q_total
+    max_bits[0] = (0 if any_sign < NEGATIVE_ZERO_BITS and p_total <= DBL_MAX and q_total <= DBL_MAX
+                   else FLOAT_INF_BITS)
+    return residual_total
 
 
 cdef inline Py_ssize_t _pick_block(const double* block_sums, Py_ssize_t n_blocks, double target,

@@ -11,7 +11,8 @@
 # Rows are read as the chain ops read them: a visited position's target row (and, if it has
 # children and a draft law is given, its draft row) in one ``_row_mass`` pass each; every rejected
 # child then costs one pass over the position's target and draft rows (the next residual's block
-# sums); a masked row (children removed) re-sums only the blocks holding removed tokens; a draw
+# sums), except a first child whose test looks lost beforehand (u q(t) >= p(t)): its residual is
+# summed in the masses' pass (``_row_pair_masses``); a masked row (children removed) re-sums only the blocks holding removed tokens; a draw
 # scans one block.  Rows of positions never reached, and leaves' draft rows, are not read.
 
 from libc.string cimport memcpy
@@ -119,14 +120,17 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
                                   const double* draft_blocks, double q_mass, bint replacement,
                                   int64_t child, const int64_t* next_sibling, const int64_t* tokens,
                                   const double* uniforms, double final_u, int64_t* rejected,
-                                  double* residual_blocks, double* masked_draft_blocks,
-                                  int64_t* next_token, int* status) noexcept nogil:
+                                  double* residual_blocks, double first_residual_mass,
+                                  double* masked_draft_blocks, int64_t* next_token,
+                                  int* status) noexcept nogil:
     """Recursive rejection sampling (with replacement: SpecInfer; without: Jeon et al. 2024).
 
     R_0 = p.  Child j (token t) is accepted iff u_j * (q(t) * M) < R(t) * Q_j, M the residual's
     mass and Q_j the draft mass (without replacement: q without the earlier children).  On
     rejection A += M / Q_j and R = max(0, p - q * A), p counted as 0 at the children rejected
-    before this one (without replacement; see ``specverify.reference_tree``); one pass each.
+    before this one (without replacement; see ``specverify.reference_tree``); one pass each,
+    except the first when ``first_residual_mass`` >= 0: residual_blocks already hold R's block
+    sums at ratio 1 (``_row_pair_masses``), which are the first's when P/Q snaps to 1.
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_rejected = 0, n_zeroed, b, start, width
     cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, fraction
@@ -149,8 +153,11 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
         if uniforms[child] * (<double> q[t] * residual_mass) < residual_t * draft_mass:
             return child
         ratio = ratio + residual_mass / draft_mass
-        n_zeroed = 0 if replacement else n_rejected
-        residual_mass = _residual_sums(p, q, v, ratio, rejected, n_zeroed, residual_blocks)
+        if n_rejected == 0 and first_residual_mass >= 0.0 and _snaps_to_one(ratio):
+            residual_mass = first_residual_mass  # no earlier child zeroed: the ratio-1 residual
+        else:
+            n_zeroed = 0 if replacement else n_rejected
+            residual_mass = _residual_sums(p, q, v, ratio, rejected, n_zeroed, residual_blocks)
         rejected[n_rejected] = t
         n_rejected += 1
         have_residual = True
@@ -213,9 +220,10 @@ cdef int _accept_tree(const float* target, Py_ssize_t target_stride, const float
     cdef double* masked_draft_blocks = scratch + 3 * n_blocks
     cdef const float* p
     cdef const float* q
-    cdef double p_mass, q_mass
+    cdef double p_mass, q_mass, first_residual_mass
+    cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
-    cdef int64_t child, accepted
+    cdef int64_t child, accepted, t
     cdef int status = OK
     if scratch == NULL or rejected == NULL:
         free(scratch)
@@ -225,10 +233,20 @@ cdef int _accept_tree(const float* target, Py_ssize_t target_stride, const float
         p = target + r * target_stride
         child = first_child[r]
         q = draft + r * draft_stride if draft != NULL and child >= 0 else NULL
-        p_mass = _row_mass(p, v, target_blocks, &p_bits)
-        q_mass, q_bits = 1.0, 0
-        if q != NULL:
-            q_mass = _row_mass(q, v, draft_blocks, &q_bits)
+        first_residual_mass = -1.0
+        t = tokens[child] if child >= 0 else 0
+        check_index(t, v)
+        if q != NULL and uniforms[child] * <double> q[t] >= <double> p[t]:
+            # The first child's test will fail unless P and Q differ (as in _accept): its
+            # residual is summed in the same read as the masses.
+            first_residual_mass = _row_pair_masses(p, q, v, target_blocks, draft_blocks,
+                                                   residual_blocks, masses, &p_bits)
+            p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
+        else:
+            p_mass = _row_mass(p, v, target_blocks, &p_bits)
+            q_mass, q_bits = 1.0, 0
+            if q != NULL:
+                q_mass = _row_mass(q, v, draft_blocks, &q_bits)
         bad_row[0] = r
         if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES
@@ -251,7 +269,8 @@ cdef int _accept_tree(const float* target, Py_ssize_t target_stride, const float
             accepted = _recursive_rejection(p, q, v, target_blocks, p_mass, draft_blocks, q_mass,
                                             replacement, child, next_sibling, tokens, uniforms,
                                             uniforms[n], rejected, residual_blocks,
-                                            masked_draft_blocks, next_token, &status)
+                                            first_residual_mass, masked_draft_blocks, next_token,
+                                            &status)
             if status != OK:
                 bad_row[0] = accepted
                 break

@@ -17,6 +17,7 @@ LANES = 64  # float32 lanes per block
 SCAN_LANES = 8  # float64 lanes of a draw's in-block total
 RESCUE_EXPONENT = 32  # a block whose float32 sum overflows is summed again scaled by 2^-32
 RATIO_EXPONENT = 100  # mass ratios in [2^-101, 2^100) enter the residual as one float32 factor
+RATIO_SNAP = 2.0 ** -20  # mass ratios within this of 1 enter the residual as exactly 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -134,8 +135,11 @@ def ratio_factors(mass_ratio):
 
     mass_ratio clamped to [2^-300, 2^300]; with it in [2^(e-1), 2^e): ``a = b = 1`` and
     ``c = float32(mass_ratio)`` if ``|e| <= 100``, else the excess exponent is split between ``a``
-    and ``b`` and ``c = float32(mass_ratio / (a * b))``.
+    and ``b`` and ``c = float32(mass_ratio / (a * b))``.  A ratio within 2^-20 of 1 is taken as
+    exactly 1 (the masses are only known to ~1e-6; see ``specverify/_primitives.pxd``).
     """
+    if abs(mass_ratio - 1.0) <= RATIO_SNAP:
+        return np.float32(1.0), np.float32(1.0), np.float32(1.0)
     r = min(max(mass_ratio, 2.0 ** -300), 2.0 ** 300)
     e = math.frexp(r)[1]
     excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)

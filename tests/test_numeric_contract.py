@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import _kernels, reference
+from specverify import _kernels, reference, reference_tree
 
 pytestmark = pytest.mark.emulated
 
@@ -189,3 +189,89 @@ def test_a_draw_never_hands_the_blocks_rounding_to_its_last_element():
     for u in top:
         assert reference.sample_index(row, u) != row.size - 1
         assert sv.accept_from_uniforms(row[None, :], None, [], [u]) == (0, reference.sample_index(row, u))
+
+
+def test_ratio_factors_take_ratios_within_2_pow_minus_20_of_one_as_one():
+    for offset in (0.0, 2.0 ** -40, 2.0 ** -21, 2.0 ** -20):
+        for ratio in (1.0 + offset, 1.0 - offset):
+            assert reference.ratio_factors(ratio) == (1, 1, 1)
+    for ratio in (1.0 + 2.0 ** -19, 1.0 - 2.0 ** -19, 1.0 + 2.0 ** -20 + 2.0 ** -52):
+        assert reference.ratio_factors(ratio) == (1, 1, np.float32(ratio))
+
+
+def _rows_with_mass_ratio(rng, v, n, ratio, scale=1.0):
+    """(target [n, V], draft [n, V]) float32 rows: draft normalized to mass ``scale``, target a mix of
+    the draft and noise with mass about ``ratio * scale``; zeros in both."""
+    q = rng.random((n, v)) ** 4
+    p = 0.6 * q + 0.4 * rng.random((n, v)) ** 4
+    q[:, ::7] = 0.0
+    p[:, ::11] = 0.0
+    q *= scale / q.sum(axis=1, keepdims=True)
+    p *= ratio * scale / p.sum(axis=1, keepdims=True)
+    return p.astype(np.float32), q.astype(np.float32)
+
+
+# Mass ratios P/Q the residual may see: normalized rows (snapped to 1), just inside and just
+# outside the snap, and far from 1 (the residual then needs its own pass).
+RATIOS = (1.0, 1.0 + 0.9 * 2.0 ** -20, 1.0 - 1.2 * 2.0 ** -20, 1.0 + 2.0 ** -18, 0.5, 2.0)
+
+
+@pytest.mark.parametrize("v", [100, 256, 1000, 4096 + 17])
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_residual_summed_with_the_masses_has_the_reference_bits(rng, v, ratio):
+    # A position whose test looks lost (u q_t >= p_t) sums its residual at ratio 1 in the masses'
+    # read, and keeps it when P/Q snaps to 1; every path must give the reference's bits: the
+    # prediction right or wrong, the ratio snapped or not, for accept, accept_block and the
+    # sampled tree rules.
+    k = 4
+    for trial in range(24):
+        target, draft = _rows_with_mass_ratio(rng, v, k + 1, ratio, scale=10.0 ** rng.uniform(-3, 3))
+        tokens = np.array([rng.choice(np.flatnonzero(draft[i])) for i in range(k)], dtype=np.int64)
+        if trial % 3 == 0:  # the first position's ratio p_t / q_t just below 1: predicted wrongly
+            target[0, tokens[0]] = np.nextafter(draft[0, tokens[0]], np.float32(0))
+        uniforms = rng.random(k + 1)
+        uniforms[trial % k] = ALMOST_ONE if trial % 2 else uniforms[trial % k]
+        want = reference.accept(target, draft[:k], tokens, uniforms)
+        assert sv.accept_from_uniforms(target, draft[:k], tokens, uniforms) == want
+        want = reference.accept_block(target, draft[:k], tokens, uniforms)
+        assert sv.accept_block_from_uniforms(target, draft[:k], tokens, uniforms) == want
+        parents = np.array([-1, -1, 0, 0], dtype=np.int64)  # two children at the root and at node 0
+        tree_tokens = np.array([tokens[0], tokens[1] if tokens[1] != tokens[0] else (tokens[0] + 1) % v,
+                                tokens[2], (tokens[2] + 3) % v], dtype=np.int64)
+        for replacement in (False, True):
+            want = reference_tree.accept_tree(target, draft, tree_tokens, parents, uniforms,
+                                              replacement=replacement)
+            path, next_token = sv.accept_tree_from_uniforms(target, draft, tree_tokens, parents, uniforms,
+                                                            replacement=replacement)
+            assert (list(np.asarray(path)), int(next_token)) == (list(np.asarray(want[0])), int(want[1]))
+
+
+def test_residual_summed_with_the_masses_rescues_overflowing_blocks(rng):
+    # Blocks whose float32 sums overflow, in the target, the draft and the residual.
+    v = 1000
+    target, draft = _rows_with_mass_ratio(rng, v, 3, 1.0)
+    draft[:, :256] = 3e36
+    target[:, 256:512] = 3e36
+    tokens = np.array([0, 1], dtype=np.int64)  # q_t > p_t: the residual is read with the masses
+    uniforms = np.array([ALMOST_ONE, ALMOST_ONE, 0.3])
+    assert sv.accept_from_uniforms(target, draft[:2], tokens, uniforms) == reference.accept(
+        target, draft[:2], tokens, uniforms)
+    assert sv.accept_block_from_uniforms(target, draft[:2], tokens, uniforms) == reference.accept_block(
+        target, draft[:2], tokens, uniforms)
+
+
+@pytest.mark.parametrize("bad_row, bad_value, name", [("target", np.nan, "target_probs"),
+                                                      ("target", -1.0, "target_probs"),
+                                                      ("draft", np.inf, "draft_probs"),
+                                                      ("draft", -1e-30, "draft_probs")])
+def test_residual_summed_with_the_masses_still_validates_both_rows(rng, bad_row, bad_value, name):
+    target, draft = _rows_with_mass_ratio(rng, 600, 2, 1.0)
+    tokens = np.array([int(np.argmax(draft[0] - target[0]))], dtype=np.int64)
+    uniforms = np.array([ALMOST_ONE, 0.5])
+    (target if bad_row == "target" else draft)[0, 517] = bad_value
+    for op in (sv.accept_from_uniforms, sv.accept_block_from_uniforms):
+        with pytest.raises(ValueError, match=name):
+            op(target, draft[:1], tokens, uniforms)
+    target[0, 517] = draft[0, 517] = -0.0  # allowed
+    assert sv.accept_from_uniforms(target, draft[:1], tokens, uniforms) == reference.accept(
+        target, draft[:1], tokens, uniforms)
