@@ -9,9 +9,9 @@
 # Reads: one fused pass (mass + validation) over every target row 0..K and draft row 0..K-1, in
 # order, whatever the uniforms (so a bad row always raises); then residual passes over row pairs
 # K-1, K-2, ... only as far down as the decision needs (down to tau; none when coin K passes; each
-# pass's block sums serve the final draw when it decides tau).  A row with p_i = 1 whose ratio
-# looks set to fall (p_t < q_t) sums its residual in the forward pass: tau lands there, with
-# p_tau = 1, when every coin above fails.  The final draw scans one block.
+# pass's block sums serve the final draw when it decides tau).  The forward pass also sums each
+# row pair's residual at ratio 1 / p_i, which is its ratio when P_i / Q_i snaps to 1 (rows
+# normalized alike): then no residual pass is needed at all.  The final draw scans one block.
 #
 
 cdef int _accept_block(const float* target, Py_ssize_t target_stride, const float* draft,
@@ -25,29 +25,28 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     status and sets bad_row.
 
     Forward, every row once: masses, validation, the capped ratios p_1..p_K.  Then tau is found
-    from the top (the largest passing coin): coin K needs nothing more; coin i < K needs Z_i, one
-    residual pass over row pair i, made only when every coin above i has failed.  The pass that
-    decides tau also gives the block sums of the final draw, so rows tau..K-1 get one residual
-    pass each (none if tau = K).
+    from the top (the largest passing coin): coin K needs nothing more; coin i < K needs Z_i, the
+    residual of row pair i (summed in the forward pass, or one more pass if P_i / Q_i did not snap
+    to 1), only when every coin above i has failed.  Row tau's residual gives the final draw.
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
-    # [K+1, n_blocks] target block sums, [n_blocks] residual block sums (row tau's at the end),
-    # [n_blocks] draft scratch, [n_blocks] a row's residual at ratio 1 summed in its forward pass,
-    # then per row: masses P_i, Q_i and capped ratios p_0..p_K.
-    cdef double* memory = <double*> malloc(((k + 4) * n_blocks + 3 * k + 2) * sizeof(double))
+    # [K+1, n_blocks] target block sums, [K, n_blocks] residual block sums (row i's in slot i),
+    # [n_blocks] draft scratch, then per row: masses P_i, Q_i, capped ratios p_0..p_K and the
+    # residual mass summed in the forward pass (-1: not summed there).
+    cdef double* memory = <double*> malloc(((2 * k + 2) * n_blocks + 4 * k + 2) * sizeof(double))
     cdef double* target_blocks = memory
     cdef double* residual_blocks = target_blocks + (k + 1) * n_blocks
-    cdef double* draft_blocks = residual_blocks + n_blocks
-    cdef double* fused_blocks = draft_blocks + n_blocks
-    cdef double* p_mass = fused_blocks + n_blocks
+    cdef double* draft_blocks = residual_blocks + k * n_blocks
+    cdef double* p_mass = draft_blocks + n_blocks
     cdef double* q_mass = p_mass + k + 1
     cdef double* survival = q_mass + k
+    cdef double* forward_residual_mass = survival + k + 1
     cdef const float* p
     cdef const float* q
-    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, fused_mass = 0.0, passed, fraction
+    cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, fraction
     cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
-    cdef Py_ssize_t i, t = 0, tau, b, start, fused_row = -1
+    cdef Py_ssize_t i, t = 0, tau, b, start
     cdef int status = OK
     if memory == NULL:
         return NO_MEMORY
@@ -59,14 +58,14 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         if i < k:
             t = tokens[i]
             check_index(t, v)
-        if q != NULL and survival[i] >= 1.0 and <double> p[t] < <double> q[t]:
-            # p_{i+1} will fall below p_i = 1 unless P and Q differ: row i is where tau lands if
-            # every coin above fails, and its draw then needs the residual at ratio P/Q, summed
-            # here in the masses' read.  (The last such row is the only one tau can be.)
-            fused_mass = _row_pair_masses(p, q, v, target_blocks + i * n_blocks, draft_blocks,
-                                          fused_blocks, masses, &p_bits)
+            forward_residual_mass[i] = -1.0
+        if q != NULL and survival[i] > 0.0:
+            # Row i's residual has ratio (P_i / Q_i) / p_i: 1 / p_i, known before the read,
+            # whenever P_i / Q_i snaps to 1.  Summed with the masses, it spares the residual pass.
+            forward_residual_mass[i] = _row_pair_masses(p, q, v, 1.0 / survival[i],
+                                                        target_blocks + i * n_blocks, draft_blocks,
+                                                        residual_blocks + i * n_blocks, masses, &p_bits)
             p_mass[i], q_mass[i], q_bits = masses[0], masses[1], p_bits
-            fused_row = i
         else:
             p_mass[i] = _row_mass(p, v, target_blocks + i * n_blocks, &p_bits)
             if i < k:
@@ -101,18 +100,16 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
                 break
             residual_mass = _row_residual(target, target_stride, draft, draft_stride, tokens, v, i,
                                           p_mass[i], q_mass[i], survival[i], target_blocks,
-                                          residual_blocks)
+                                          forward_residual_mass[i], residual_blocks + i * n_blocks)
             # u < h_i = Z_i / (Z_i + 1 - p_i) with Z_i = p_i * W_i / P_i, times P_i
             passed = survival[i] * residual_mass
             if uniforms[i - 1] * (passed + (1.0 - survival[i]) * p_mass[i]) < passed:
                 tau = i
                 break
-        if survival[tau] >= 1.0 and tau == fused_row and _snaps_to_one(p_mass[tau] / q_mass[tau]):
-            residual_mass, residual_blocks = fused_mass, fused_blocks
-        elif survival[tau] >= 1.0:  # tau decided without its residual (p_0 = 1 too): the draw needs it
+        if survival[tau] >= 1.0:  # tau decided without its residual (p_0 = 1 too): the draw needs it
             residual_mass = _row_residual(target, target_stride, draft, draft_stride, tokens, v, tau,
                                           p_mass[tau], q_mass[tau], survival[tau], target_blocks,
-                                          residual_blocks)
+                                          forward_residual_mass[tau], residual_blocks + tau * n_blocks)
     n_accepted[0] = tau
     p = target + tau * target_stride
     if tau == k or not residual_mass > 0.0:
@@ -120,12 +117,13 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
         # p_tau * P_tau <= Q_tau everywhere): row tau itself, as accept does.
         next_token[0] = _sample_target(p, v, target_blocks + tau * n_blocks, p_mass[tau], uniforms[k])
     else:
-        b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
+        b = _pick_block(residual_blocks + tau * n_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
         check_index(b, n_blocks)
         start = b * BLOCK
         if draft != NULL:
             next_token[0] = _scan_residual_block(p, draft + tau * draft_stride, start, min(start + BLOCK, v),
-                                                 p_mass[tau] / (survival[tau] * q_mass[tau]), fraction)
+                                                 _mass_ratio(p_mass[tau], q_mass[tau]) / survival[tau],
+                                                 fraction)
         else:
             next_token[0] = _scan_target_block(p, start, min(start + BLOCK, v), fraction, tokens[tau])
     free(memory)
@@ -136,9 +134,12 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
 cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, const float* draft,
                                  Py_ssize_t draft_stride, const int64_t* tokens, Py_ssize_t v,
                                  Py_ssize_t i, double p_mass, double q_mass, double survival,
-                                 const double* target_blocks, double* residual_blocks) noexcept nogil:
-    """W_i, and the block sums of row pair i's residual into residual_blocks [n_blocks]: weights
-    max(0, p - q * P / (p_i * Q)) (accept's residual, its mass ratio divided by p_i > 0).
+                                 const double* target_blocks, double forward_mass,
+                                 double* residual_blocks) noexcept nogil:
+    """W_i, with the block sums of row pair i's residual in residual_blocks [n_blocks]: weights
+    max(0, p - q * r), r = _mass_ratio(P, Q) / p_i (accept's residual, its ratio divided by
+    p_i > 0).  Those the forward pass summed at r = 1 / p_i (forward_mass >= 0) stand when
+    P / Q snapped to 1; otherwise the row pair is read again.
 
     A one-hot draft (``draft`` NULL) on t: the weights are row i with p[t] counted as 0 (any
     positive ratio zeroes it), so the target's block sums (target_blocks, [K+1, n_blocks]) are
@@ -146,10 +147,12 @@ cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, 
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, b, t = tokens[i]
     cdef const float* p = target + i * target_stride
-    cdef double total = 0.0
+    cdef double total = 0.0, ratio
     if draft != NULL:
-        return _residual_block_sums(p, draft + i * draft_stride, v, p_mass / (survival * q_mass),
-                                    residual_blocks)
+        ratio = _mass_ratio(p_mass, q_mass)
+        if forward_mass >= 0.0 and ratio == 1.0:
+            return forward_mass
+        return _residual_block_sums(p, draft + i * draft_stride, v, ratio / survival, residual_blocks)
     for b in range(n_blocks):
         residual_blocks[b] = target_blocks[i * n_blocks + b]
     b = t // BLOCK

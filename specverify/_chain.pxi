@@ -28,8 +28,8 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
 
     A position whose test will fail unless its masses differ (u * q_t >= p_t: the test with P = Q)
     reads its two rows once for their masses and their residual at ratio 1 (``_row_pair_masses``),
-    which is the residual the contract takes whenever P/Q is within 2^-20 of 1; any other
-    rejection sums its residual in a second pass.  Both give the same bits.
+    which is the residual whenever P/Q snaps to 1 (``_mass_ratio``); any other rejection sums its
+    residual in a second pass.  Both give the same bits.
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
     cdef double* target_blocks = <double*> malloc(3 * n_blocks * sizeof(double))
@@ -37,7 +37,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
     cdef double* residual_blocks = draft_blocks + n_blocks
     cdef const float* p
     cdef const float* q
-    cdef double p_mass, q_mass, residual_mass, fraction
+    cdef double p_mass, q_mass, residual_mass, ratio, fraction
     cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
     cdef Py_ssize_t i, t = 0, b, start, stop
@@ -53,8 +53,8 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             t = tokens[i]
             check_index(t, v)
         if q != NULL and uniforms[i] * <double> q[t] >= <double> p[t]:
-            residual_mass = _row_pair_masses(p, q, v, target_blocks, draft_blocks, residual_blocks,
-                                             masses, &p_bits)
+            residual_mass = _row_pair_masses(p, q, v, 1.0, target_blocks, draft_blocks,
+                                             residual_blocks, masses, &p_bits)
             p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
             residual_ready = True
         else:
@@ -84,15 +84,16 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
             # Accept iff u < (p_t / P) / (q_t / Q), written without division.
             if uniforms[i] * (<double> q[t] * p_mass) < <double> p[t] * q_mass:
                 continue
-            if not (residual_ready and _snaps_to_one(p_mass / q_mass)):
-                residual_mass = _residual_block_sums(p, q, v, p_mass / q_mass, residual_blocks)
+            ratio = _mass_ratio(p_mass, q_mass)
+            if not (residual_ready and ratio == 1.0):
+                residual_mass = _residual_block_sums(p, q, v, ratio, residual_blocks)
             n_accepted[0] = i
             if residual_mass > 0.0:
                 b = _pick_block(residual_blocks, n_blocks, uniforms[k] * residual_mass, &fraction)
                 check_index(b, n_blocks)
                 start = b * BLOCK
                 next_token[0] = _scan_residual_block(p, q, start, min(start + BLOCK, v),
-                                                     p_mass / q_mass, fraction)
+                                                     ratio, fraction)
             else:
                 # p <= q everywhere after rounding: p itself is the only sensible residual.
                 next_token[0] = _sample_target(p, v, target_blocks, p_mass, uniforms[k])

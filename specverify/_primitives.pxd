@@ -26,17 +26,22 @@
 # - each block sum is converted to float64 (exactly); the row total is the left-to-right float64
 #   sum of its block sums, starting from 0.0.
 #
-# Residual weights for a target row p, draft row q and mass ratio r = P/Q (float64): in float32,
+# Mass ratios: the quotient of two masses (P/Q for accept's residual) is formed in float64 and
+# taken as exactly 1 when within 2^-20 of 1 (``_mass_ratio``); a rule that scales it (block
+# verification divides by p_i, the tree rules add quotients) does so after that.
+#
+# Residual weights for a target row p, draft row q and ratio r (P/Q for accept): in float32,
 #   w = max(0, p - x),  x = ((q * a) * b) * c,  each product rounded to float32,
-# with (a, b, c) = _ratio_factors(r): a = b = c = 1 (so w = max(0, p - q)) when |r - 1| <= 2^-20;
-# c = float32(r) and a = b = 1 (so x = q * float32(r)) when 2^-101 <= r < 2^100; beyond that, a and b are powers of two carrying the excess exponent (half
+# with (a, b, c) = _ratio_factors(r): c = float32(r) and a = b = 1 (so x = q * float32(r)) when
+# 2^-101 <= r < 2^100; beyond that, a and b are powers of two carrying the excess exponent (half
 # each) and c = float32(r / (a * b)), so that x overflows only where q * r > 3.4e38 >= p (w = 0
 # either way) and no factor is Inf or 0 (q = 0 gives x = 0, w = p).  r is clamped to
 # [2^-300, 2^300] first, which changes no weight (every q > 0 then overflows, or underflows to 0).
-# Why the snap to 1: two masses are each known to a relative ~gamma_9 (below), so a ratio within
-# 2^-20 ~ 9.5e-7 of 1 is 1 to the accuracy it has; rows normalized to the same mass (every
-# softmax) land there, and a residual at ratio 1 can be summed in the same read as the masses,
-# before the ratio is known (``_row_pair_masses``): a rejection then reads its rows once, not twice.
+# Why the snap to 1: two masses are each known to a relative ~gamma_9 (below), so a quotient
+# within 2^-20 ~ 9.5e-7 of 1 is 1 to the accuracy it has.  Rows normalized to the same mass (every
+# softmax) land there, so the residual's ratio is known before the rows are read (1 for accept,
+# 1/p_i for block verification) and can be summed in the same read as the masses
+# (``_row_pair_masses``): a rejection reads its rows once, not twice.
 #
 # Draws (inverse CDF) from weights with a uniform v: the block is the first whose running float64
 # sum of block sums exceeds v * total; f = (v * total - sum before it) / its block sum, in [0, 1).
@@ -204,9 +209,10 @@ cdef extern from *:
         return sv_lane_tree(lanes);
     }
     /* The same for a row pair p, q: sums[0:3] = the lane sums of p, of q and of the residual
-       weights max(0, p - q) (mass ratio 1), the bits of both rows OR-ed into one mask. */
-    static inline void sv_pair_lane_sums(const float* p, const float* q, Py_ssize_t steps,
+       weights max(0, p - q * c), the bits of both rows OR-ed into one mask. */
+    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
                                          unsigned int* signs, float* sums) {
+        sv_f32x16 cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
         sv_f32x16 sp0 = {0}, sp1 = {0}, sp2 = {0}, sp3 = {0}, sq0 = {0}, sq1 = {0}, sq2 = {0}, sq3 = {0};
         sv_f32x16 sw0 = {0}, sw1 = {0}, sw2 = {0}, sw3 = {0}, zero = {0};
         sv_f32x16 p0, p1, p2, p3, q0, q1, q2, q3, d0, d1, d2, d3;
@@ -227,7 +233,7 @@ cdef extern from *:
             __asm__("" : "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
             sp0 += p0; sp1 += p1; sp2 += p2; sp3 += p3;
             sq0 += q0; sq1 += q1; sq2 += q2; sq3 += q3;
-            d0 = p0 - q0; d1 = p1 - q1; d2 = p2 - q2; d3 = p3 - q3;
+            d0 = p0 - q0 * cv; d1 = p1 - q1 * cv; d2 = p2 - q2 * cv; d3 = p3 - q3 * cv;
             /* max(0, d) as the scalar d > 0 ? d : 0 (NaN gives 0) */
             sw0 += (sv_f32x16) ((sv_u32x16) d0 & (sv_u32x16) (d0 > zero));
             sw1 += (sv_f32x16) ((sv_u32x16) d1 & (sv_u32x16) (d1 > zero));
@@ -253,9 +259,9 @@ cdef extern from *:
         (void) x; (void) steps; (void) signs;
         return 0.0f;   /* never called: SV_WIDE_LANE_SUM is 0 */
     }
-    static inline void sv_pair_lane_sums(const float* p, const float* q, Py_ssize_t steps,
+    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
                                          unsigned int* signs, float* sums) {
-        (void) p; (void) q; (void) steps; (void) signs; (void) sums;   /* never called */
+        (void) p; (void) q; (void) c; (void) steps; (void) signs; (void) sums;   /* never called */
     }
     #endif
     #if !(defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
@@ -272,7 +278,7 @@ cdef extern from *:
     float lane_tree "sv_lane_tree"(const float* a) noexcept nogil
     const bint WIDE_LANE_SUM "SV_WIDE_LANE_SUM"
     float lane_sum "sv_lane_sum"(const float* x, Py_ssize_t steps, uint32_t* signs) noexcept nogil
-    void pair_lane_sums "sv_pair_lane_sums"(const float* p, const float* q, Py_ssize_t steps,
+    void pair_lane_sums "sv_pair_lane_sums"(const float* p, const float* q, float c, Py_ssize_t steps,
                                             uint32_t* signs, float* sums) noexcept nogil
 
 
@@ -447,16 +453,18 @@ cdef inline double _row_mass(const float* x, Py_ssize_t n, double* block_sums,
     return total
 
 
-cdef inline bint _snaps_to_one(double mass_ratio) noexcept nogil:
-    """True iff the contract takes the mass ratio as exactly 1: |mass_ratio - 1| <= 2^-20."""
-    return -RATIO_SNAP <= mass_ratio - 1.0 <= RATIO_SNAP
+cdef inline double _mass_ratio(double numerator, double denominator) noexcept nogil:
+    """The quotient of two masses as the residual takes it: numerator / denominator in float64,
+    exactly 1 if within 2^-20 of 1 (see the contract)."""
+    cdef double r = numerator / denominator
+    return 1.0 if -RATIO_SNAP <= r - 1.0 <= RATIO_SNAP else r
 
 
 cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogil:
     """factors[0:3] = (a, b, c) of the contract: q * mass_ratio is evaluated as ((q * a) * b) * c.
 
     mass_ratio = P / Q > 0, clamped to [2^-300, 2^300].  With mass_ratio in [2^(e-1), 2^e): a = b = 1
-    and c = float32(mass_ratio) if |e| <= 100 (c = 1 if |mass_ratio - 1| <= 2^-20); else the excess exponent e - clamp(e, -100, 100) is
+    and c = float32(mass_ratio) if |e| <= 100; else the excess exponent e - clamp(e, -100, 100) is
     split into a = 2^(excess >> 1) and b = 2^(excess - (excess >> 1)), and c = float32(mass_ratio /
     (a * b)) lies in [2^-101, 2^100).  All three are normal float32 numbers.
     """
@@ -465,7 +473,7 @@ cdef inline void _ratio_factors(double mass_ratio, float* factors) noexcept nogi
     if RATIO_LOW <= r < RATIO_HIGH:  # |e| <= 100: the common case, without libm calls
         factors[0] = 1.0
         factors[1] = 1.0
-        factors[2] = 1.0 if _snaps_to_one(r) else <float> r
+        factors[2] = <float> r
         return
     frexp(r, &e)
     excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)
@@ -543,15 +551,15 @@ cdef inline double _residual_block_sums(const float* p, const float* q, Py_ssize
     return total
 
 
-cdef inline void _pair_lane_sums(const float* p, const float* q, Py_ssize_t steps, uint32_t* signs,
-                                 float* sums) noexcept nogil:
+cdef inline void _pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
+                                 uint32_t* signs, float* sums) noexcept nogil:
     """sums[0:3] = the float32 lane sums (``_lane_sum``'s order) of p, of q and of the residual
-    weights max(0, p - q) at mass ratio 1, of one full block pair p, q[0:steps * LANES], in one
-    read of each element; the bits of both rows are OR-ed into ``signs`` (see ``_lane_sum``).
+    weights max(0, p - q * c), of one full block pair p, q[0:steps * LANES], in one read of each
+    element; the bits of both rows are OR-ed into ``signs`` (see ``_lane_sum``).
 
-    Same bits as ``_lane_sum`` of p, of q and ``_residual_block_sum`` at ratio 1 (the products
-    q * 1 are exact).  The portable loop takes the lanes a quarter (SIGN_LANES) at a time, each
-    lane still in increasing j: 48 accumulators do not fit NEON's or AVX2's registers, 12 do.
+    Same bits as ``_lane_sum`` of p, of q and ``_residual_block_sum`` with factors (1, 1, c).  The
+    portable loop takes the lanes a quarter (SIGN_LANES) at a time, each lane still in increasing
+    j: 48 accumulators do not fit NEON's or AVX2's registers, 12 do.
     """
     cdef float acc_p[LANES]
     cdef float acc_q[LANES]
@@ -563,7 +571,7 @@ cdef inline void _pair_lane_sums(const float* p, const float* q, Py_ssize_t step
     cdef FloatBits32 lowest
     cdef Py_ssize_t j, l, s, quarter
     if WIDE_LANE_SUM:
-        pair_lane_sums(p, q, steps, signs, sums)
+        pair_lane_sums(p, q, c, steps, signs, sums)
         return
     for l in range(SIGN_LANES):
         low[l] = 0.0
@@ -578,7 +586,7 @@ cdef inline void _pair_lane_sums(const float* p, const float* q, Py_ssize_t step
             for l in range(SIGN_LANES):
                 sp[l] += p[j + l]
                 sq[l] += q[j + l]
-                sw[l] += _positive_part(p[j + l] - q[j + l])
+                sw[l] += _positive_part(p[j + l] - q[j + l] * c)
                 low[l] = min(low[l], min(p[j + l], q[j + l]))
         for l in range(SIGN_LANES):
             acc_p[quarter * SIGN_LANES + l] = sp[l]
@@ -592,12 +600,12 @@ cdef inline void _pair_lane_sums(const float* p, const float* q, Py_ssize_t step
     sums[2] = lane_tree(acc_w)
 
 
-cdef inline double _row_pair_masses(const float* p, const float* q, Py_ssize_t n, double* p_blocks,
-                                    double* q_blocks, double* residual_blocks, double* masses,
-                                    uint32_t* max_bits) noexcept nogil:
-    """``_row_mass`` of p and of q and ``_residual_block_sums`` of (p, q) at mass ratio 1, in one
-    read of the two rows (the residual a rejection needs whenever P/Q snaps to 1, as it does for
-    rows normalized to the same mass; otherwise it is recomputed with the true ratio).
+cdef inline double _row_pair_masses(const float* p, const float* q, Py_ssize_t n, double ratio,
+                                    double* p_blocks, double* q_blocks, double* residual_blocks,
+                                    double* masses, uint32_t* max_bits) noexcept nogil:
+    """``_row_mass`` of p and of q, and ``_residual_block_sums(p, q, n, ratio)``, in one read of
+    the two rows: the residual a rejection will need if the rows' masses give that ratio (1 for
+    accept when P/Q snaps to 1; the caller checks, and sums the residual again otherwise).
 
     p, q: [n] float32.  p_blocks, q_blocks, residual_blocks: [ceil(n / BLOCK)] float64 (outputs).
     masses[0:2] = (P, Q); returns the residual total.  max_bits: as ``_row_mass``'s, for both rows
@@ -606,20 +614,21 @@ cdef inline double _row_pair_masses(const float* p, const float* q, Py_ssize_t n
     cdef uint32_t signs[SIGN_LANES]
     cdef uint32_t any_sign = 0
     cdef float sums[3]
-    cdef float ones[3]
+    cdef float f[3]
     cdef double p_total = 0.0, q_total = 0.0, residual_total = 0.0
     cdef Py_ssize_t b, l, start
+    cdef bint one_factor
     for l in range(SIGN_LANES):
         signs[l] = 0
-    for l in range(3):
-        ones[l] = 1.0
+    _ratio_factors(ratio, f)
+    one_factor = f[0] == 1.0 and f[1] == 1.0  # else (|log2 ratio| > 100) a separate residual read
     for b in range(n // BLOCK):
         start = b * BLOCK
-        _pair_lane_sums(p + start, q + start, STEPS, signs, sums)
+        _pair_lane_sums(p + start, q + start, f[2], STEPS, signs, sums)
         p_blocks[b] = <double> sums[0] if sums[0] <= FLT_MAX else _rescued_sum(p + start, STEPS)
         q_blocks[b] = <double> sums[1] if sums[1] <= FLT_MAX else _rescued_sum(q + start, STEPS)
-        residual_blocks[b] = (<double> sums[2] if sums[2] <= FLT_MAX
-                              else _residual_block_sum(p + start, q + start, BLOCK, ones))
+        residual_blocks[b] = (<double> sums[2] if one_factor and sums[2] <= FLT_MAX
+                              else _residual_block_sum(p + start, q + start, BLOCK, f))
         p_total += p_blocks[b]
         q_total += q_blocks[b]
         residual_total += residual_blocks[b]
@@ -628,7 +637,7 @@ cdef inline double _row_pair_masses(const float* p, const float* q, Py_ssize_t n
         start = b * BLOCK
         p_blocks[b] = _block_sum_signs(p + start, n % BLOCK, signs)
         q_blocks[b] = _block_sum_signs(q + start, n % BLOCK, signs)
-        residual_blocks[b] = _residual_block_sum(p + start, q + start, n % BLOCK, ones)
+        residual_blocks[b] = _residual_block_sum(p + start, q + start, n % BLOCK, f)
         p_total += p_blocks[b]
         q_total += q_blocks[b]
         residual_total += residual_blocks[b]

@@ -130,7 +130,8 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
     rejection A += M / Q_j and R = max(0, p - q * A), p counted as 0 at the children rejected
     before this one (without replacement; see ``specverify.reference_tree``); one pass each,
     except the first when ``first_residual_mass`` >= 0: residual_blocks already hold R's block
-    sums at ratio 1 (``_row_pair_masses``), which are the first's when P/Q snaps to 1.
+    sums at ratio 1 (``_row_pair_masses``), which are the first's when P/Q snaps to 1.  (A is a
+    sum of mass quotients M / Q_j, each formed by ``_mass_ratio``.)
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK, n_rejected = 0, n_zeroed, b, start, width
     cdef double residual_mass = p_mass, draft_mass = q_mass, ratio = 0.0, residual_t, fraction
@@ -152,8 +153,8 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
         # Accept iff u < (R(t) / M) / (q(t) / Q), written without division.
         if uniforms[child] * (<double> q[t] * residual_mass) < residual_t * draft_mass:
             return child
-        ratio = ratio + residual_mass / draft_mass
-        if n_rejected == 0 and first_residual_mass >= 0.0 and _snaps_to_one(ratio):
+        ratio = ratio + _mass_ratio(residual_mass, draft_mass)
+        if n_rejected == 0 and first_residual_mass >= 0.0 and ratio == 1.0:
             residual_mass = first_residual_mass  # no earlier child zeroed: the ratio-1 residual
         else:
             n_zeroed = 0 if replacement else n_rejected
@@ -239,7 +240,7 @@ cdef int _accept_tree(const float* target, Py_ssize_t target_stride, const float
         if q != NULL and uniforms[child] * <double> q[t] >= <double> p[t]:
             # The first child's test will fail unless P and Q differ (as in _accept): its
             # residual is summed in the same read as the masses.
-            first_residual_mass = _row_pair_masses(p, q, v, target_blocks, draft_blocks,
+            first_residual_mass = _row_pair_masses(p, q, v, 1.0, target_blocks, draft_blocks,
                                                    residual_blocks, masses, &p_bits)
             p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
         else:

@@ -141,8 +141,8 @@ def accept_block(target_probs, draft_probs, draft_tokens, generator=None):
 
     Computed without normalizing: ``p_i = min(1, c / d)`` with ``c = p_{i-1} p(t) Q``,
     ``d = q(t) P`` on the raw rows (masses ``P``, ``Q``); coin K is ``u * d < c``, which for
-    K = 1 is bit for bit accept's test; the residual weights are ``max(0, p - q P / (p_tau Q))``,
-    accept's with its mass ratio divided by ``p_tau``.  Edges, all exact:
+    K = 1 is bit for bit accept's test; the residual weights are ``max(0, p - q (P / Q) / p_tau)``,
+    accept's with its mass ratio (1 when within 2^-20 of 1) divided by ``p_tau``.  Edges, all exact:
 
     - ``q_i(t_i) = 0 < p_i(t_i)`` (a token the draft gives no mass): ratio +inf, ``p_{i+1} = 1``
       (as accept accepts it); such paths have draft probability 0, so the law is unaffected.
@@ -151,8 +151,9 @@ def accept_block(target_probs, draft_probs, draft_tokens, generator=None):
     - a residual whose mass is 0 after rounding: only reachable through rounding (in exact
       arithmetic ``W_i = 0`` with ``p_i < 1`` gives ``h_i = 0``, and with ``p_i = 1`` every later
       coin passes); the token is then drawn from ``P_tau`` itself, as accept does.
-    - ``p_i`` so small (< ~1e-290) that ``p_i Q`` underflows: the residual is then empty and the
-      coin fails; the error is bounded by ``p_i`` itself.
+    - ``p_i`` so small (< ~1e-290) that ``(P / Q) / p_i`` passes 2^300: the ratio is clamped
+      there, so the residual keeps only tokens with ``q = 0``, and the coin nearly always fails;
+      the error is bounded by ``p_i`` itself.
     - ``draft_probs=None`` (a deterministic draft): ``Q_i`` is the point mass on ``t_i``, so
       ``p_i = prod_{j<i} P_j(t_j)`` and the residual is ``P_tau`` without ``t_tau`` (the factor
       ``p_tau`` cancels): the law of ``tau`` equals accept's (block verification helps only

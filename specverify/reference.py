@@ -17,7 +17,7 @@ LANES = 64  # float32 lanes per block
 SCAN_LANES = 8  # float64 lanes of a draw's in-block total
 RESCUE_EXPONENT = 32  # a block whose float32 sum overflows is summed again scaled by 2^-32
 RATIO_EXPONENT = 100  # mass ratios in [2^-101, 2^100) enter the residual as one float32 factor
-RATIO_SNAP = 2.0 ** -20  # mass ratios within this of 1 enter the residual as exactly 1
+RATIO_SNAP = 2.0 ** -20  # quotients of masses within this of 1 are taken as exactly 1
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -135,11 +135,8 @@ def ratio_factors(mass_ratio):
 
     mass_ratio clamped to [2^-300, 2^300]; with it in [2^(e-1), 2^e): ``a = b = 1`` and
     ``c = float32(mass_ratio)`` if ``|e| <= 100``, else the excess exponent is split between ``a``
-    and ``b`` and ``c = float32(mass_ratio / (a * b))``.  A ratio within 2^-20 of 1 is taken as
-    exactly 1 (the masses are only known to ~1e-6; see ``specverify/_primitives.pxd``).
+    and ``b`` and ``c = float32(mass_ratio / (a * b))``.
     """
-    if abs(mass_ratio - 1.0) <= RATIO_SNAP:
-        return np.float32(1.0), np.float32(1.0), np.float32(1.0)
     r = min(max(mass_ratio, 2.0 ** -300), 2.0 ** 300)
     e = math.frexp(r)[1]
     excess = e - min(max(e, -RATIO_EXPONENT), RATIO_EXPONENT)
@@ -147,11 +144,18 @@ def ratio_factors(mass_ratio):
     return np.float32(2.0 ** half), np.float32(2.0 ** (excess - half)), np.float32(math.ldexp(r, -excess))
 
 
-def residual_weights(p_row, q_row, p_mass, q_mass):
-    """Unnormalized residual ``max(0, p/P - q/Q) * P = max(0, p - q * (P/Q))``, in float32 as the
-    contract computes it: ``max(0, p - ((q * a) * b) * c)`` with ``ratio_factors(P / Q)``.
-    Returns ``[V]`` float32."""
-    a, b, c = ratio_factors(p_mass / q_mass)
+def mass_ratio(numerator, denominator):
+    """The quotient of two masses as the residual takes it: float64, and exactly 1 when within
+    2^-20 of 1 (the masses are only known to ~1e-6; see ``specverify/_primitives.pxd``)."""
+    ratio = numerator / denominator
+    return 1.0 if abs(ratio - 1.0) <= RATIO_SNAP else ratio
+
+
+def residual_weights(p_row, q_row, ratio):
+    """Unnormalized residual ``max(0, p - q * ratio)`` in float32 as the contract computes it:
+    ``max(0, p - ((q * a) * b) * c)`` with ``ratio_factors(ratio)``; accept's residual
+    ``max(0, p/P - q/Q) * P`` has ``ratio = mass_ratio(P, Q)``.  Returns ``[V]`` float32."""
+    a, b, c = ratio_factors(ratio)
     p = np.asarray(p_row, dtype=np.float32)
     q = np.asarray(q_row, dtype=np.float32)
     with np.errstate(over="ignore", under="ignore"):
@@ -186,7 +190,7 @@ def accept(target_probs, draft_probs, draft_tokens, uniforms):
         q_mass = row_mass(q)
         if u[i] * (float(q[t]) * p_mass) < float(p[t]) * q_mass:
             continue
-        residual = residual_weights(p, q, p_mass, q_mass)
+        residual = residual_weights(p, q, mass_ratio(p_mass, q_mass))
         if ordered_total(block_sums(residual)) > 0.0:
             return i, sample_index(residual, u[k])
         return i, sample_index(p, u[k])
@@ -216,8 +220,8 @@ def accept_block(target_probs, draft_probs, draft_tokens, uniforms):
     position ``i = 1..K``; ``u[K]`` draws the emitted token.
 
     With ``p_i`` from :func:`block_survival_step` and, for ``1 <= i < K``, the residual weights
-    ``w_i = max(0, p - q * P / (p_i * Q))`` (``= max(0, p_i * P_i - Q_i) * P / p_i``: accept's
-    residual with its mass ratio divided by ``p_i``; ``W_i`` their mass) so that
+    ``w_i = max(0, p - q * mass_ratio(P, Q) / p_i)`` (``~ max(0, p_i * P_i - Q_i) * P / p_i``:
+    accept's residual with its mass ratio divided by ``p_i``; ``W_i`` their mass) so that
     ``Z_i = p_i * W_i / P``: coin ``i < K`` passes iff ``p_i >= 1`` or
     ``u * (p_i * W_i + (1 - p_i) * P) < p_i * W_i`` (``u < h_i = Z_i / (Z_i + 1 - p_i)``);
     coin ``K`` passes iff ``u * d_K < c_K`` (``u < p_K``, as accept tests).  ``tau`` is the
@@ -250,7 +254,7 @@ def accept_block(target_probs, draft_probs, draft_tokens, uniforms):
             weights = p_rows[i].astype(np.float64)
             weights[tokens[i]] = 0.0
         else:
-            weights = residual_weights(p_rows[i], q_rows[i], p_masses[i], survival[i] * q_masses[i])
+            weights = residual_weights(p_rows[i], q_rows[i], mass_ratio(p_masses[i], q_masses[i]) / survival[i])
         return weights, ordered_total(block_sums(weights))
 
     if k > 0 and u[k - 1] * d < c:

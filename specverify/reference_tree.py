@@ -34,7 +34,7 @@ exactly.  Each step is one more pass over ``p`` and ``q`` with a larger ``A``.
 import numpy as np
 
 from .law import tree_children  # children[r]: the nodes of position r, in index order
-from .reference import block_sums, ordered_total, residual_weights, row_mass, sample_index
+from .reference import block_sums, mass_ratio, ordered_total, residual_weights, row_mass, sample_index
 
 
 def check_distinct_siblings(tokens, children, rule):
@@ -108,9 +108,9 @@ def recursive_rejection(p, q, tokens, coins, replacement, nodes=None):
         # Accept iff u < (R(t) / M) / (q(t) / Q), written without division.
         if coin * (float(q[t]) * residual_mass) < residual_t * draft_mass:
             return j, None
-        ratio = ratio + residual_mass / draft_mass
+        ratio = ratio + mass_ratio(residual_mass, draft_mass)
         kept = masked(p, [] if replacement else rejected)
-        weights = residual_weights(kept, q, ratio, 1.0)  # max(0, kept - q * ratio)
+        weights = residual_weights(kept, q, ratio)  # max(0, kept - q * ratio)
         residual_mass = ordered_total(block_sums(weights))
         rejected.append(int(t))
     return None, weights
