@@ -46,11 +46,13 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     cdef double c = 0.0, d = 0.0, residual_mass = 0.0, passed, fraction
     cdef double masses[2]
     cdef uint32_t p_bits = 0, q_bits = 0
-    cdef Py_ssize_t i, t = 0, tau, b, start
+    cdef Py_ssize_t i, t = 0, tau, b, start, fuse_from
     cdef int status = OK
     if memory == NULL:
         return NO_MEMORY
     survival[0] = 1.0
+    fuse_from = _rows_needing_residuals(target, target_stride, draft, draft_stride, tokens, k,
+                                        uniforms[k - 1] if k > 0 else 0.0)
     for i in range(k + 1):
         p = target + i * target_stride
         q = draft + i * draft_stride if draft != NULL and i < k else NULL
@@ -59,7 +61,7 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
             t = tokens[i]
             check_index(t, v)
             forward_residual_mass[i] = -1.0
-        if q != NULL and survival[i] > 0.0:
+        if q != NULL and i >= fuse_from and survival[i] > 0.0:
             # Row i's residual has ratio (P_i / Q_i) / p_i: 1 / p_i, known before the read,
             # whenever P_i / Q_i snaps to 1.  Summed with the masses, it spares the residual pass.
             forward_residual_mass[i] = _row_pair_masses(p, q, v, 1.0 / survival[i],
@@ -129,6 +131,36 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     free(memory)
     check_index(next_token[0], v)
     return OK
+
+
+cdef inline Py_ssize_t _rows_needing_residuals(const float* target, Py_ssize_t target_stride,
+                                               const float* draft, Py_ssize_t draft_stride,
+                                               const int64_t* tokens, Py_ssize_t k,
+                                               double last_coin) noexcept nogil:
+    """The first row whose residual the forward pass should sum (K: none), from the drafted
+    tokens' probabilities alone (p_i predicted with P = Q, before any row is read): none if coin K
+    looks set to pass (u < p_K: no residual is read then); else rows m..K-1, m the last row with
+    p_i = 1 (tau >= m, so rows below m are never needed; the rule reads the others' residuals
+    whenever the coins above them fail).  A wrong guess costs time, never bits."""
+    cdef double predicted = 1.0, p_t, q_t
+    cdef Py_ssize_t i, t, last_certain = 0
+    if draft == NULL or k == 0:
+        return k
+    for i in range(k):
+        if predicted >= 1.0:
+            last_certain = i
+        t = tokens[i]  # checked against V by the entry
+        p_t = target[i * target_stride + t]
+        q_t = draft[i * draft_stride + t]
+        if not p_t > 0.0:
+            predicted = 0.0
+        elif predicted * p_t >= q_t:
+            predicted = 1.0
+        else:
+            predicted = predicted * p_t / q_t
+    if last_coin < predicted:
+        return k
+    return last_certain
 
 
 cdef inline double _row_residual(const float* target, Py_ssize_t target_stride, const float* draft,

@@ -185,6 +185,7 @@ cdef extern from *:
        it (tools/check_vectorization.py checks those loops). */
     #if defined(__AVX512F__) && !defined(SV_PORTABLE_LOOPS) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
     #define SV_WIDE_LANE_SUM 1
+    #include <immintrin.h>
     typedef unsigned int sv_u32x16 __attribute__((vector_size(64)));
     static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
         sv_f32x16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, v0, v1, v2, v3;
@@ -209,13 +210,17 @@ cdef extern from *:
         return sv_lane_tree(lanes);
     }
     /* The same for a row pair p, q: sums[0:3] = the lane sums of p, of q and of the residual
-       weights max(0, p - q * c), the bits of both rows OR-ed into one mask. */
-    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
-                                         unsigned int* signs, float* sums) {
+       weights max(0, p - q * c), the bits of both rows OR-ed into one mask.  max_ps(d, 0) is
+       the scalar d > 0 ? d : 0 exactly (it returns its second operand for NaN and for two
+       zeros), one instruction where a compare and a mask take two; with c == 1 (accept's
+       ratio) the product is skipped (q * 1 == q), so that case compiles without it. */
+    static inline __attribute__((always_inline)) void sv_pair_steps(
+            const float* p, const float* q, float c, int scaled, Py_ssize_t steps,
+            unsigned int* signs, float* sums) {
         sv_f32x16 cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
         sv_f32x16 sp0 = {0}, sp1 = {0}, sp2 = {0}, sp3 = {0}, sq0 = {0}, sq1 = {0}, sq2 = {0}, sq3 = {0};
         sv_f32x16 sw0 = {0}, sw1 = {0}, sw2 = {0}, sw3 = {0}, zero = {0};
-        sv_f32x16 p0, p1, p2, p3, q0, q1, q2, q3, d0, d1, d2, d3;
+        sv_f32x16 p0, p1, p2, p3, q0, q1, q2, q3, x0, x1, x2, x3;
         sv_u32x16 bits;
         float lanes[64];
         Py_ssize_t step;
@@ -233,12 +238,15 @@ cdef extern from *:
             __asm__("" : "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
             sp0 += p0; sp1 += p1; sp2 += p2; sp3 += p3;
             sq0 += q0; sq1 += q1; sq2 += q2; sq3 += q3;
-            d0 = p0 - q0 * cv; d1 = p1 - q1 * cv; d2 = p2 - q2 * cv; d3 = p3 - q3 * cv;
-            /* max(0, d) as the scalar d > 0 ? d : 0 (NaN gives 0) */
-            sw0 += (sv_f32x16) ((sv_u32x16) d0 & (sv_u32x16) (d0 > zero));
-            sw1 += (sv_f32x16) ((sv_u32x16) d1 & (sv_u32x16) (d1 > zero));
-            sw2 += (sv_f32x16) ((sv_u32x16) d2 & (sv_u32x16) (d2 > zero));
-            sw3 += (sv_f32x16) ((sv_u32x16) d3 & (sv_u32x16) (d3 > zero));
+            if (scaled) {
+                x0 = q0 * cv; x1 = q1 * cv; x2 = q2 * cv; x3 = q3 * cv;
+            } else {
+                x0 = q0; x1 = q1; x2 = q2; x3 = q3;
+            }
+            sw0 += (sv_f32x16) _mm512_max_ps((__m512) (p0 - x0), (__m512) zero);
+            sw1 += (sv_f32x16) _mm512_max_ps((__m512) (p1 - x1), (__m512) zero);
+            sw2 += (sv_f32x16) _mm512_max_ps((__m512) (p2 - x2), (__m512) zero);
+            sw3 += (sv_f32x16) _mm512_max_ps((__m512) (p3 - x3), (__m512) zero);
             bits |= (((sv_u32x16) p0 | (sv_u32x16) p1) | ((sv_u32x16) p2 | (sv_u32x16) p3))
                     | (((sv_u32x16) q0 | (sv_u32x16) q1) | ((sv_u32x16) q2 | (sv_u32x16) q3));
         }
@@ -252,6 +260,13 @@ cdef extern from *:
         memcpy(lanes, &sw0, 64); memcpy(lanes + 16, &sw1, 64);
         memcpy(lanes + 32, &sw2, 64); memcpy(lanes + 48, &sw3, 64);
         sums[2] = sv_lane_tree(lanes);
+    }
+    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
+                                         unsigned int* signs, float* sums) {
+        if (c == 1.0f)
+            sv_pair_steps(p, q, 1.0f, 0, steps, signs, sums);
+        else
+            sv_pair_steps(p, q, c, 1, steps, signs, sums);
     }
     #else
     #define SV_WIDE_LANE_SUM 0
