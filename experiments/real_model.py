@@ -227,7 +227,8 @@ def _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, d
     reference = {}
     jobs = [(r, n, c) for r in range(repeats) for n in ids for c in configs]
     for repeat, name, config in tqdm(jobs, desc=desc, unit="run"):
-        p = dict(params, **config[1]) if isinstance(config, tuple) else params
+        p = dict(params, **config[1]) if isinstance(config, tuple) else dict(params)
+        p["seed"] = params["seed"] + repeat  # sampling: each repeat draws another sample (greedy: no effect)
         config = config[0] if isinstance(config, tuple) else config
         passes = [] if log_passes is not None else None
         row = run_one(config, ids[name], model, tokenizer, draft_model, p, passes)

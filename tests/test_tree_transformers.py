@@ -19,6 +19,7 @@ from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import (  # noqa: E402
     CachedCausalLM,
     CausalLMTreeDraft,
+    PromptLookupDraft,
     PromptLookupTreeDraft,
     early_exit,
     speculative_callbacks,
@@ -125,7 +126,31 @@ def test_prompt_lookup_tree_merges_candidates():
     assert tree.tokens.tolist() == [7, 8, 9, 3, 2, 6, 4, 5]
     assert tree.parents.tolist() == [-1, 0, 1, -1, 3, 4, -1, 6] and tree.probs is None
     assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3]), 4).n_nodes == 0  # nothing to copy
-    assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3, 1]), 4).n_nodes == 0  # a unigram match: by default too weak
+
+
+def test_prompt_lookup_tree_unigram_matches_propose_the_chain_only_when_unambiguous():
+    # 1 is always followed by 2: the chain's proposal (extended by looking up again after it)
+    tree = PromptLookupTreeDraft()(torch.tensor([1, 2, 3, 1]), 4)
+    assert tree.tokens.tolist() == PromptLookupDraft()(torch.tensor([1, 2, 3, 1]), 4)[0].tolist() == [2, 3, 1, 2]
+    assert tree.parents.tolist() == [-1, 0, 1, 2]
+    draft = PromptLookupTreeDraft()
+    assert draft(torch.tensor([1, 2, 1, 3, 1]), 4).n_nodes == 0  # 1 was followed by 2 and by 3: nothing
+    assert draft.declined == 1 and draft.candidates == 0
+
+
+def test_prompt_lookup_tree_stops_proposing_after_matches_that_missed():
+    draft = PromptLookupTreeDraft()  # unigram prior: 1 right, 1 wrong; threshold 0.4
+    assert draft(torch.tensor([1, 2, 3, 1]), 4).n_nodes == 4
+    # committed 5 where the unigram 1 predicted 2 (a miss: 1/3 < 0.4), then 3 (no match before it: not counted)
+    assert draft(torch.tensor([1, 2, 3, 1, 5, 3]), 4).n_nodes == 0
+    assert (draft.seen[1], draft.right[1]) == (1, 0) and draft.declined == 1
+    assert PromptLookupTreeDraft()(torch.tensor([1, 2, 3, 1, 5, 3]), 4).n_nodes == 4  # a fresh draft: the prior
+    # then 1, 5, 3 as the matches 3 / 3 1 / 3 1 5 predicted (hits); the trigram 1 5 3 then proposes: (1 + 3) / (1 + 4)
+    assert draft(torch.tensor([1, 2, 3, 1, 5, 3, 1, 5, 3]), 3).n_nodes > 0
+    assert (draft.seen, draft.right) == ([0, 2, 1, 1], [0, 1, 1, 1])
+    # a prefix that does not extend the last one is a new sequence: counts restart
+    draft(torch.tensor([4, 2, 3, 4]), 4)
+    assert sum(draft.seen) == 0
 
 
 @pytest.mark.parametrize("budget", [1, 16])

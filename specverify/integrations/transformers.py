@@ -44,7 +44,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -451,6 +451,26 @@ class CausalLMDraft:
         return tokens[:drawn], None if probs is None else probs[:drawn]
 
 
+def suffix_matches(seq: torch.Tensor, n: int) -> List[int]:
+    """Start indices, ascending, of the earlier occurrences of ``seq``'s last ``n`` tokens that have at
+    least one token after them (``seq [L]``); ``[]`` when ``n`` is not in ``[1, L - 1]``."""
+    length = seq.numel()
+    if not 1 <= n < length:
+        return []
+    windows = seq[: length - 1].unfold(0, n, 1)  # [length - n, n]: starts with >= 1 token after
+    return torch.nonzero((windows == seq[length - n :]).all(dim=1)).flatten().tolist()
+
+
+def longest_match(seq: torch.Tensor, max_ngram: int, min_ngram: int = 1) -> Tuple[int, List[int]]:
+    """``(n, starts)`` for the longest ``n`` in ``[min_ngram, max_ngram]`` whose suffix n-gram of
+    ``seq`` occurred earlier (:func:`suffix_matches`); ``(0, [])`` when none did."""
+    for n in range(min(max_ngram, seq.numel() - 1), min_ngram - 1, -1):
+        starts = suffix_matches(seq, n)
+        if starts:
+            return n, starts
+    return 0, []
+
+
 class PromptLookupDraft:
     """Deterministic n-gram draft: copy what followed an earlier occurrence of the last n-gram.
 
@@ -471,14 +491,8 @@ class PromptLookupDraft:
 
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """Up to ``k`` tokens that followed the earliest earlier match of ``seq``'s last n-gram."""
-        length = seq.numel()
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            windows = seq[: length - 1].unfold(0, n, 1)  # [length - n, n]: starts with >= 1 token after
-            hits = torch.nonzero((windows == seq[length - n :]).all(dim=1))
-            if hits.numel():
-                start = int(hits[0, 0]) + n
-                return seq[start : start + k]
-        return seq[:0]
+        n, hits = longest_match(seq, self.max_ngram, self.min_ngram)
+        return seq[hits[0] + n : hits[0] + n + k] if n else seq[:0]
 
     def __call__(self, prefix: torch.Tensor, k: int) -> Tuple[torch.Tensor, None]:
         seq = _as_tokens(prefix)
@@ -493,41 +507,88 @@ class PromptLookupDraft:
 
 
 class PromptLookupTreeDraft:
-    """Multi-candidate prompt lookup: several earlier continuations merged into one draft tree.
+    """Multi-candidate prompt lookup: the chain's proposal plus other earlier continuations, one tree.
 
-    Candidates, best first: the chain :class:`PromptLookupDraft` proposal (so the tree's first
-    root-to-leaf path is exactly the chain draft's, and greedy never accepts less per pass than
-    the chain), then, for ``n`` from ``max_ngram`` down to ``min_ngram``, the ``k`` tokens after
-    every earlier occurrence of the sequence's last ``n`` tokens, earliest occurrence first. They are
-    inserted into a :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until
-    ``node_budget`` nodes are used. Children are deterministic (``probs=None``): verified exactly by
-    sample-and-match. Counter: ``candidates`` inserted.
+    Candidates, best first: the chain :class:`PromptLookupDraft` proposal (longest suffix n-gram,
+    ``max_ngram`` down to 1, earliest occurrence; so the tree's first root-to-leaf path is exactly
+    the chain draft's and greedy never accepts less per pass than the chain), then, for ``n`` from
+    ``max_ngram`` down to ``min_ngram``, the ``k`` tokens after every earlier occurrence of the
+    sequence's last ``n`` tokens, earliest first. They are inserted into a
+    :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until ``node_budget``
+    nodes are used. Children are deterministic (``probs=None``): verified exactly by
+    sample-and-match, whatever decides what is proposed. Counters: ``candidates`` inserted,
+    ``declined`` rounds with a match but no proposal.
 
-    ``min_ngram`` defaults to 2, unlike the chain's 1: on a CPU a pass that scores extra tokens
-    costs 1.5-2x a one-token step (measured on SmolLM2-135M), and after a one-token match the first
-    proposed token was right only 7-33 % of the time on our prompts (bigram 33-60 %, trigram
-    75-97 %), so proposing nothing is cheaper than a tree that is mostly rejected.
+    **When to propose** (on a CPU a pass that scores extra tokens costs 1.5-2x a one-token step,
+    measured on SmolLM2-135M, so a mostly rejected draft is a loss): the longest match of order
+    ``n`` (a unigram only when every earlier occurrence of the token is followed by the same
+    token; an ambiguous unigram proposes nothing) proposes iff its *hindsight accuracy*
+    ``(right_n + n) / (seen_n + n + 1)`` is at least ``threshold``. ``seen_n`` / ``right_n`` count
+    the tokens committed since this draft first saw the sequence at which the longest match had
+    order ``n`` and whether the chain's first proposed token was that token; ``n`` right and 1 wrong
+    pseudo-observations are the prior (1/2 for a unigram, 2/3 for a bigram, 3/4 for a trigram).
+    So a copy task proposes from its first shared token while open-ended text, whose matches miss,
+    soon stops proposing after them. The decision depends only on the prefix (the counts restart when
+    a prefix does not extend the previous one), so output stays exact in both modes.
     """
 
-    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 2):
+    def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 2, threshold: float = 0.4):
         if int(node_budget) != node_budget or node_budget < 1:
             raise ValueError(f"node_budget must be a positive integer, got {node_budget!r}")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"threshold must be in [0, 1], got {threshold!r}")
         self.node_budget = int(node_budget)
-        self.chain = PromptLookupDraft(max_ngram, min_ngram)
+        self.threshold = float(threshold)
+        if int(min_ngram) != min_ngram or int(max_ngram) != max_ngram or not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got {min_ngram!r}, {max_ngram!r}")
+        self.chain = PromptLookupDraft(max_ngram, 1)
+        self.min_ngram = int(min_ngram)
         self.candidates = 0
+        self.declined = 0
+        self._seen = None  # the last prefix seen; hindsight covers its tokens from index _start on
+        self._start = 0
+        self.seen = [0] * (max_ngram + 1)  # [order]: committed tokens whose longest match had this order
+        self.right = [0] * (max_ngram + 1)  # [order]: ... and whose chain proposal started with them
+
+    def _order(self, seq: torch.Tensor) -> Tuple[int, List[int]]:
+        """The longest match ``(n, starts)`` a proposal would follow; ``(0, [])`` for none or an ambiguous unigram."""
+        n, starts = longest_match(seq, self.chain.max_ngram)
+        if n == 1 and len({int(seq[s + 1]) for s in starts}) > 1:
+            return 0, []
+        return n, starts
+
+    def _update_hindsight(self, seq: torch.Tensor) -> None:
+        done = -1 if self._seen is None else self._seen.numel()
+        if not 0 <= done <= seq.numel() or not torch.equal(seq[:done], self._seen):  # a new sequence
+            self._start = done = seq.numel()
+            self.seen = [0] * len(self.seen)
+            self.right = [0] * len(self.right)
+        for t in range(max(done, self._start), seq.numel()):
+            n, starts = self._order(seq[:t])
+            if n:
+                self.seen[n] += 1
+                self.right[n] += int(seq[starts[0] + n] == seq[t])
+        self._seen = seq.clone()
+
+    def proposes(self, seq: torch.Tensor) -> bool:
+        """Whether the longest match of ``seq`` ``[L]`` is trusted enough to propose (see the class doc)."""
+        n, _ = self._order(seq)
+        return n > 0 and (self.right[n] + n) / (self.seen[n] + n + 1) >= self.threshold
 
     def continuations(self, seq: torch.Tensor, k: int):
         """Yield candidate continuations (1-D tensors of at most ``k`` tokens), best first."""
         yield self.chain(seq, k)[0]
-        length = seq.numel()
-        for n in range(min(self.chain.max_ngram, length - 1), self.chain.min_ngram - 1, -1):
-            windows = seq[: length - 1].unfold(0, n, 1)  # [length - n, n]: starts with >= 1 token after
-            for hit in torch.nonzero((windows == seq[length - n :]).all(dim=1)).flatten().tolist():
-                yield seq[hit + n : hit + n + k]
+        for n in range(min(self.chain.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
+            for start in suffix_matches(seq, n):
+                yield seq[start + n : start + n + k]
 
     def __call__(self, prefix: torch.Tensor, k: int):
         seq = _as_tokens(prefix)
+        self._update_hindsight(seq)
         trie = Trie(self.node_budget)
+        if not self.proposes(seq):
+            self.declined += int(longest_match(seq, self.chain.max_ngram)[0] > 0)
+            return trie.tree()
         for continuation in self.continuations(seq, k):
             if continuation.numel():
                 trie.insert(continuation.tolist())
