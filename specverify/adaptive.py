@@ -223,9 +223,9 @@ class AdaptiveK:
       pooled rate of positions 2.. (itself pulled to ``prior_rate``) for the others; the prior
       counts as ``prior_strength`` rounds seen when the sequence began, and is forgotten as they
       would be (its weight is ``prior_strength * decay^t`` after t rounds), so that it fades as
-      data arrives rather than holding a rarely reached position at the prior for ever (the
-      optimistic prior kept drafting alive on prompts where prompt lookup's proposals are
-      mostly rejected, long after the data showed that plain decoding was faster);
+      data arrives rather than holding a rarely reached position near the optimistic prior for
+      ever (which kept drafting alive longer on prompts where prompt lookup's proposals are
+      mostly rejected and plain decoding is faster);
     - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
       (prior 1: drafts propose what they are asked unless seen otherwise);
     - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
