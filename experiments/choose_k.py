@@ -87,6 +87,13 @@ class Recorder:
         self.policy.observe(record)
 
 
+def auto_policy(decay):
+    """The ``auto`` configuration: K = 0..8, K = 0 allowed (speculation may not pay)."""
+    from specverify.adaptive import AdaptiveK
+
+    return AdaptiveK(k_max=max(KS), k_min=0, decay=decay)
+
+
 CLOCKS = {"process": time.process_time, "wall": time.perf_counter}
 
 
@@ -112,7 +119,7 @@ def run_one(model, prompt_ids, policy, max_new, eos, clock=time.perf_counter):
 def compute(params, prompts=None, out_dir=None, log=print):
     import torch
 
-    from specverify.adaptive import AdaptiveK, FixedK
+    from specverify.adaptive import FixedK
     from specverify.integrations import smollm2
 
     from . import real_model
@@ -124,7 +131,7 @@ def compute(params, prompts=None, out_dir=None, log=print):
     ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
            for name, text in prompts.items()}
-    auto = AdaptiveK(k_max=max(KS), k_min=0, decay=params["decay"])  # K = 0 allowed: speculation may not pay
+    auto = auto_policy(params["decay"])
     policies = {"plain": PlainDecoding, "auto": lambda: auto, **{f"K={k}": (lambda k=k: FixedK(k)) for k in KS}}
     run_one(model, next(iter(ids.values())), FixedK(4), 8, eos)  # warm-up: first passes allocate
     rows, texts = [], {}
@@ -148,7 +155,8 @@ def compute(params, prompts=None, out_dir=None, log=print):
                         f"{row['new_tokens'] / row['rounds']:.2f} tok/round, load {row['loadavg']:.1f}")
             paths.write_json(out_dir / "summary.json", dict(
                 paths.run_metadata(), params=dict(params, repeats_done=rep + 1), loadavg_before=load_before,
-                loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(), texts=texts))
+                loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(), texts=texts,
+                prompt_ids={name: v.tolist() for name, v in ids.items()}))  # for experiments.k_replay
     return out_dir
 
 
@@ -325,8 +333,14 @@ def main(argv=None):
                     help="process: CPU seconds of this process (robust to a shared machine's load); wall")
     ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")
     ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--replay", action="store_true",
+                    help="no model: replay AdaptiveK and every fixed K on the last run's texts (experiments.k_replay)")
     args = ap.parse_args(argv)
     out_dir = paths.RESULTS_DIR / EXPERIMENT
+    if args.replay:
+        from . import k_replay
+
+        return k_replay.main(["--results", str(out_dir)])
     if not args.plot_only:
         from specverify.integrations import smollm2
 

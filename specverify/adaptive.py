@@ -160,17 +160,21 @@ class _CostCurve:
     Where x was observed the estimate is the decayed mean there. Between observed lengths it is
     interpolated linearly; beyond the observed range it continues from the nearest observed
     length with a prior slope: ``0`` (extra positions free) or, ``proportional=True``,
-    ``mean(y) / mean(x)`` (cost proportional to x). Unobserved lengths are thus priced
-    optimistically, as the acceptance prior is, and for the same reason: a length priced too high
-    is never tried, so its price is never corrected, while one priced too low is tried and
-    measured. (A least-squares line through the observations would be the pessimistic choice on
-    a CPU, where a target pass scoring one token is a matrix-vector product much cheaper than one
-    scoring two, and passes scoring 2..9 tokens cost nearly the same: the step from 1 to 2 would
-    be extended to every longer pass.)
+    ``mean(y) / mean(x)`` (cost proportional to x). With ``floor_from = f``, an unobserved length
+    ``x >= f`` costs at most the cheapest mean observed at any length ``>= f``. Unobserved lengths
+    are thus priced optimistically, as the acceptance prior is, and for the same reason: a length
+    priced too high is never tried, so its price is never corrected, while one priced too low is
+    tried and measured. (A least-squares line through the observations would be the pessimistic
+    choice on a CPU, where a target pass scoring one token is a matrix-vector product much cheaper
+    than one scoring two: the step from 1 to 2 would be extended to every longer pass. And the
+    cost of passes scoring 2..9 tokens is not monotone: the matrix kernels' blocking makes some
+    lengths cheaper than shorter ones (SmolLM2-135M, one thread: 4 tokens 87 ms, 3 tokens 113 ms),
+    so interpolating between the lengths a policy happens to have seen can overprice the best one
+    for ever; the target's curve uses ``floor_from = 2``.)
     """
 
-    def __init__(self, decay: float, x_max: int, proportional: bool = False):
-        self.decay, self.proportional = decay, proportional
+    def __init__(self, decay: float, x_max: int, proportional: bool = False, floor_from: Optional[int] = None):
+        self.decay, self.proportional, self.floor_from = decay, proportional, floor_from
         self.wx = self.wy = 0.0  # decayed sums of x and of y over every observation
         self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
         self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
@@ -196,7 +200,12 @@ class _CostCurve:
         slope = self.wy / self.wx if self.proportional else 0.0
         est = np.interp(xs, seen, means)  # constant outside [seen[0], seen[-1]]
         est = np.where(xs > seen[-1], means[-1] + slope * (xs - seen[-1]), est)
-        return np.where(xs < seen[0], np.maximum(means[0] - slope * (seen[0] - xs), 0.0), est)
+        est = np.where(xs < seen[0], np.maximum(means[0] - slope * (seen[0] - xs), 0.0), est)
+        if self.floor_from is not None and np.any(seen >= self.floor_from):
+            floor = means[seen >= self.floor_from].min()
+            unseen = (xs >= self.floor_from) & ~np.isin(xs, seen)
+            est = np.where(unseen, np.minimum(est, floor), est)
+        return est
 
 
 # An observation whose weight has decayed below this no longer counts as seen.
@@ -210,9 +219,13 @@ class AdaptiveK:
     regime, e.g. a new prompt, is followed):
 
     - ``a_i``: P(draft i accepted | proposed, drafts before accepted), i = 1..k_max, a
-      Beta-Binomial posterior per position whose prior (strength ``prior_strength`` rounds) is
-      ``prior_rate`` for position 1 and the pooled rate of positions 2.. (itself pulled to
-      ``prior_rate``) for the others;
+      Beta-Binomial posterior per position whose prior is ``prior_rate`` for position 1 and the
+      pooled rate of positions 2.. (itself pulled to ``prior_rate``) for the others; the prior
+      counts as ``prior_strength`` rounds seen when the sequence began, and is forgotten as they
+      would be (its weight is ``prior_strength * decay^t`` after t rounds), so that it fades as
+      data arrives rather than holding a rarely reached position near the optimistic prior for
+      ever (which kept drafting alive longer on prompts where prompt lookup's proposals are
+      mostly rejected and plain decoding is faster);
     - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
       (prior 1: drafts propose what they are asked unless seen otherwise);
     - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
@@ -261,8 +274,11 @@ class AdaptiveK:
         self.asked_at = np.zeros(k)  # [k] rounds that asked >= i and proposed everything before i
         self.proposed_at = np.zeros(k)  # [k] ... and proposed i
         self.draft_fit = _CostCurve(self.decay, k, proportional=True)  # seconds of a draft call vs K asked
-        self.target_fit = _CostCurve(self.decay, k + 1)  # seconds of a target pass vs tokens scored
+        # seconds of a target pass vs tokens scored; the one-token pass is a matrix-vector product,
+        # of another kind than the longer ones, so only those set the price of unseen lengths
+        self.target_fit = _CostCurve(self.decay, k + 1, floor_from=2)
         self.rounds = 0
+        self.prior_weight = self.prior_strength  # the prior's pseudo-rounds, forgotten like real rounds
         self.last_curve = None  # [k_max + 1] the modelled f(k) behind the last choice
 
     # -- estimates ----------------------------------------------------------------------------
@@ -271,7 +287,7 @@ class AdaptiveK:
         2.. to their pooled rate (itself pulled to ``prior_mean``). Position 1 is kept out of the
         pool because it differs in kind: it asks whether the draft has anything right at all (for
         prompt lookup, whether the n-gram recurs), the later ones whether a right start goes on."""
-        s = self.prior_strength
+        s = max(self.prior_weight, _NEGLIGIBLE_WEIGHT)
         later = (hits[1:].sum() + s * prior_mean) / (trials[1:].sum() + s)
         prior = np.concatenate([[prior_mean], np.full(hits.size - 1, later)])  # [k_max]
         return (hits + s * prior) / (trials + s)
@@ -302,6 +318,7 @@ class AdaptiveK:
     def begin(self) -> None:
         for arr in self._counts():
             arr *= self.carry
+        self.prior_weight = self.prior_strength
 
     def _counts(self):
         return self.tried, self.passed, self.asked_at, self.proposed_at
@@ -328,6 +345,7 @@ class AdaptiveK:
         dec = self.decay
         for arr in self._counts():
             arr *= dec
+        self.prior_weight *= dec
         m, n, asked = r.proposed, r.accepted, min(r.asked, self.k_max)
         self.tried[: min(n + 1, m)] += 1.0  # verification reached these (the first rejection included)
         self.passed[:n] += 1.0

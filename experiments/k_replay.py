@@ -1,0 +1,191 @@
+"""Offline replay of draft-length policies on a recorded prompt-lookup run (``experiments.choose_k``).
+
+Greedy decoding with the prompt-lookup draft is deterministic: the emitted text is the same at
+every K, and a round's proposal is a function of the text so far and the K asked. So a policy's
+rounds can be replayed exactly from the recorded text, without the model, and timed with the
+per-pass costs measured in the run (:func:`experiments.choose_k.costs`: the median seconds of a
+target pass by tokens scored, of a draft call by K asked, and the loop's overhead per round).
+The replay evaluates a policy in about a second, so that it can be studied over every order of
+the prompts (the policy is carried from prompt to prompt, as in the real run) and, with
+``jitter``, with each pass's time drawn from the recorded times of passes of its length (the
+noise the policy learns its costs from, and that makes a measured fixed-K curve jagged).
+
+``python -m experiments.k_replay`` replays :class:`specverify.adaptive.AdaptiveK` and every
+fixed K on the last ``choose_k`` run (``results/choose_k``) and prints, per prompt, auto / best
+fixed K and auto / plain over all prompt orders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from . import choose_k
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Seconds of one round's parts: ``target[n - 1]`` a target pass scoring n tokens (n = 1..k_max + 1),
+    ``draft[k - 1]`` a draft call asked for k (k = 1..k_max), ``overhead`` the rest of a round; with
+    ``target_pool[n - 1]`` / ``draft_pool[k - 1]`` the individual recorded times (for ``jitter``)."""
+
+    target: np.ndarray  # [k_max + 1]
+    draft: np.ndarray  # [k_max]
+    overhead: float
+    target_pool: Sequence[np.ndarray] = ()
+    draft_pool: Sequence[np.ndarray] = ()
+
+    @classmethod
+    def from_rows(cls, rows) -> "CostProfile":
+        """Medians (and pools) over the plain and fixed-K runs of a ``choose_k`` run's rows."""
+        fixed = [r for r in rows if r["config"] != "auto"]
+        t, d, overhead = choose_k.costs(fixed)
+        recs = np.concatenate([choose_k._records(r) for r in fixed])  # [rounds, 5]
+        scored, asked = recs[:, 1].astype(int) + 1, recs[:, 0].astype(int)
+        target_pool = [recs[scored == n, 4] if np.any(scored == n) else t[n - 1 : n] for n in range(1, t.size + 1)]
+        draft_pool = [recs[asked == k, 3] if np.any(asked == k) else d[k - 1 : k] for k in range(1, d.size + 1)]
+        return cls(t, d, overhead, target_pool, draft_pool)
+
+
+def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter: Optional[np.random.Generator] = None,
+           draft=None) -> dict:
+    """Decode ``text`` (the recorded greedy continuation of ``prompt_ids``) again with ``policy``.
+
+    Each round asks ``policy`` for K as the decoder does (``draft_length(remaining - 1)``, none
+    when one token is left), proposes with prompt lookup, accepts the longest prefix of the
+    proposal that agrees with ``text`` and emits it and the next token of ``text``; the round
+    costs ``D(K) + T(M + 1) + overhead`` (M proposed), or draws from the recorded times of its
+    lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
+    ``rounds``, and each round's K ``asked`` and drafts ``accepted``.
+    """
+    from specverify.adaptive import RoundRecord
+    from specverify.integrations.transformers import PromptLookupDraft
+
+    draft = draft or PromptLookupDraft()
+    truth = torch.as_tensor(text, dtype=torch.int64).reshape(-1)  # [new]
+    seq = torch.as_tensor(prompt_ids, dtype=torch.int64).reshape(-1)
+    pos, seconds, asked, accepted = 0, 0.0, [], []
+    policy.begin()
+    while pos < truth.numel():
+        remaining = max_new - pos
+        k = int(policy.draft_length(remaining - 1)) if remaining > 1 else 0
+        proposal = draft(seq, k)[0] if k > 0 else seq[:0]  # [m]
+        m, rest = proposal.numel(), truth[pos:]
+        n = 0  # accepted drafts: the proposal's longest prefix that agrees with the text
+        while n < min(m, rest.numel()) and proposal[n] == rest[n]:
+            n += 1
+        emitted = min(n + 1, rest.numel())
+        if jitter is None:
+            d, t = (profile.draft[k - 1] if k else 0.0), profile.target[m]
+        else:
+            d = float(jitter.choice(profile.draft_pool[k - 1])) if k else 0.0
+            t = float(jitter.choice(profile.target_pool[m]))
+        seconds += d + t + profile.overhead
+        policy.observe(RoundRecord(k, m, n, d, t))
+        asked.append(k)
+        accepted.append(n)
+        seq = torch.cat([seq, rest[:emitted]])
+        pos += emitted
+    return dict(tokens_per_s=pos / seconds, rounds=len(asked), asked=asked, accepted=accepted)
+
+
+def fixed_policy(k: int):
+    from specverify.adaptive import FixedK
+
+    return choose_k.PlainDecoding() if k == 0 else FixedK(k)
+
+
+def study(make_policy: Callable[[], object], prompts: Dict[str, tuple], profile: CostProfile, max_new: int,
+          repeats: int = 1, orders: Optional[Sequence[Sequence[str]]] = None, jitter_seed: Optional[int] = None,
+          ks: Sequence[int] = tuple(choose_k.KS)) -> dict:
+    """The policy from ``make_policy()`` carried through ``repeats`` passes over the prompts in each
+    order (every permutation by default), against plain decoding and every fixed K.
+
+    ``prompts``: name -> (prompt_ids, text). Returns ``fixed[k][name]`` (tok/s, k = 0 plain),
+    ``auto[order_index][name]`` (the mean over repeats) and per prompt ``ratio_best`` /
+    ``ratio_plain``: auto over the best fixed K >= 1 and over plain, one value per order; and
+    ``set_ratio`` per order: auto's mean over prompts against the best fixed K's.
+    With ``jitter_seed`` every pass's time is drawn (see :func:`replay`), and each fixed K's value is
+    the mean of ``repeats`` jittered runs, as in a measured run.
+    """
+    names = list(prompts)
+    orders = list(orders) if orders is not None else list(itertools.permutations(names))
+    rng = None if jitter_seed is None else np.random.default_rng(jitter_seed)
+
+    def run(policy, name):
+        ids, text = prompts[name]
+        return replay(policy, ids, text, profile, max_new, rng)["tokens_per_s"]
+
+    fixed = {k: {name: float(np.mean([run(fixed_policy(k), name) for _ in range(repeats if rng else 1)]))
+                 for name in names} for k in [0, *ks]}
+    best = {name: max(fixed[k][name] for k in ks) for name in names}
+    best_set = max(np.mean([fixed[k][name] for name in names]) for k in ks)
+    autos = []
+    for order in orders:
+        policy = make_policy()
+        got = {name: [] for name in names}
+        for _ in range(repeats):
+            for name in order:
+                got[name].append(run(policy, name))
+        autos.append({name: float(np.mean(v)) for name, v in got.items()})
+    return dict(fixed=fixed, auto=autos, orders=[list(o) for o in orders],
+                ratio_best={n: [a[n] / best[n] for a in autos] for n in names},
+                ratio_plain={n: [a[n] / fixed[0][n] for a in autos] for n in names},
+                set_ratio=[float(np.mean([a[n] for n in names]) / best_set) for a in autos])
+
+
+def summary_lines(res) -> list:
+    """Per prompt: the fixed-K curve and auto / best fixed K, auto / plain over orders (min, median)."""
+    lines = []
+    for name, ratios in res["ratio_best"].items():
+        curve = " ".join(f"{res['fixed'][k][name]:5.1f}" for k in sorted(res["fixed"]))
+        rp = res["ratio_plain"][name]
+        lines.append(f"{name:12s} plain,K=1..: {curve} | auto/best K min {min(ratios):.3f} median "
+                     f"{np.median(ratios):.3f} | auto/plain min {min(rp):.3f} median {np.median(rp):.3f}")
+    sr = res["set_ratio"]
+    lines.append(f"{'whole set':12s} auto mean / best fixed K's mean: min {min(sr):.3f} median {np.median(sr):.3f}"
+                 f" over {len(sr)} orders")
+    return lines
+
+
+def recorded_prompts(summary, names=None) -> Dict[str, tuple]:
+    """name -> (prompt_ids, recorded text) of a ``choose_k`` summary (prompt ids recorded since this
+    module; older summaries: rebuilt with the SmolLM2 tokenizer's chat template)."""
+    names = names or list(summary["texts"])
+    ids = summary.get("prompt_ids")
+    if ids is None:
+        from transformers import AutoTokenizer
+
+        from specverify.integrations import smollm2
+
+        from . import real_model
+
+        tok = AutoTokenizer.from_pretrained(smollm2.cache_dir(), local_files_only=True)
+        ids = {n: tok.apply_chat_template([{"role": "user", "content": real_model.PROMPTS[n]}],
+                                          add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"][0].tolist() for n in names}
+    return {n: (ids[n], summary["texts"][n]) for n in names}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--results", default=None, help="a choose_k results folder (default results/choose_k)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--jitter-seed", type=int, default=None, help="draw each pass's time from the recorded ones")
+    args = ap.parse_args(argv)
+    rows, summary = choose_k.load(args.results)
+    profile = CostProfile.from_rows(rows)
+    prompts = recorded_prompts(summary)
+    decay = summary["params"]["decay"]
+    res = study(lambda: choose_k.auto_policy(decay), prompts, profile,
+                summary["params"]["max_new"], args.repeats, jitter_seed=args.jitter_seed)
+    print("\n".join(summary_lines(res)))
+
+
+if __name__ == "__main__":
+    main()
