@@ -109,10 +109,26 @@ cdef void _verify_requests(_Batch* b, int num_threads) noexcept nogil:
 # whole call waited for it (measured: median 44 ms instead of 1.8 ms for R = 64, V = 32000, load
 # 11 on 2 cores); here the caller just does the work itself.  One job at a time: a second caller
 # meanwhile runs on its own thread.  After fork() the child starts with no helpers.
+#
+# Waking a sleeping helper is slow on a virtual machine (its idle vCPU must be rescheduled by the
+# host: tools/thread_probe.py measures it), so a helper that finished a job spins (a pause
+# instruction per poll, lock released) for up to sv_pool.spin_ns before it sleeps: a call that
+# follows within that window finds it awake on its own CPU.  The caller, waiting for a helper's
+# last claimed request, spins the same way before it sleeps.
 cdef extern from *:
     """
     #include <pthread.h>
     #include <signal.h>
+    #include <sched.h>
+    #include <time.h>
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <immintrin.h>
+    #define SV_PAUSE() _mm_pause()
+    #elif defined(__aarch64__)
+    #define SV_PAUSE() __asm__ __volatile__("yield" ::: "memory")
+    #else
+    #define SV_PAUSE() ((void) 0)
+    #endif
 
     typedef void (*sv_task)(void* context, Py_ssize_t index);
 
@@ -122,14 +138,38 @@ cdef extern from *:
         pthread_cond_t finished;   /* caller: the last in-flight request is done */
         int helpers;               /* helper threads started */
         int busy;                  /* a caller owns the pool */
-        unsigned long generation;  /* jobs posted so far */
+        unsigned long generation;  /* jobs posted so far (written under lock, atomically) */
         sv_task task;              /* the current job (read under lock) */
         void* context;
-        Py_ssize_t count, next, in_flight;
+        Py_ssize_t count, next, in_flight;  /* in_flight: written under lock, atomically */
         int wanted, joined;        /* helpers the job may use / that joined it */
-    } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+        long long spin_ns;         /* how long a thread polls before it sleeps (atomic) */
+    } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                 .spin_ns = 50000};
 
     static int sv_pool_atfork_registered = 0;
+
+    static long long sv_now_ns(void) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        return (long long) now.tv_sec * 1000000000LL + now.tv_nsec;
+    }
+
+    /* A spinning thread's poll: a pause instruction, and every 32 polls a sched_yield (when this
+       CPU is shared, e.g. on a loaded machine, the thread that would run the job gets it at
+       once rather than after the spinner's time slice); false once sv_pool.spin_ns have passed
+       since the first poll (*until = 0 before it). */
+    static int sv_keep_spinning(long long* until, unsigned* polls) {
+        if (*until == 0) {
+            long long spin_ns = __atomic_load_n(&sv_pool.spin_ns, __ATOMIC_RELAXED);
+            if (spin_ns <= 0) return 0;
+            *until = sv_now_ns() + spin_ns;
+        }
+        SV_PAUSE();
+        if ((++*polls & 31) != 0) return 1;
+        sched_yield();
+        return sv_now_ns() < *until;
+    }
 
     static void sv_pool_reset_in_child(void) {
         pthread_mutex_init(&sv_pool.lock, NULL);
@@ -147,12 +187,15 @@ cdef extern from *:
             Py_ssize_t index = sv_pool.next++;
             sv_task task = sv_pool.task;
             void* context = sv_pool.context;
-            if (helper) sv_pool.in_flight++;
+            if (helper) __atomic_store_n(&sv_pool.in_flight, sv_pool.in_flight + 1, __ATOMIC_RELAXED);
             pthread_mutex_unlock(&sv_pool.lock);
             task(context, index);
             pthread_mutex_lock(&sv_pool.lock);
-            if (helper && --sv_pool.in_flight == 0 && sv_pool.next >= sv_pool.count)
-                pthread_cond_signal(&sv_pool.finished);
+            if (helper) {
+                __atomic_store_n(&sv_pool.in_flight, sv_pool.in_flight - 1, __ATOMIC_RELEASE);
+                if (sv_pool.in_flight == 0 && sv_pool.next >= sv_pool.count)
+                    pthread_cond_signal(&sv_pool.finished);
+            }
         }
     }
 
@@ -166,7 +209,15 @@ cdef extern from *:
         /* Started by a call that has posted its job by the time this lock is ours: join it. */
         seen = sv_pool.generation - 1;
         for (;;) {
-            while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+            if (sv_pool.generation == seen) {
+                long long until = 0;
+                unsigned polls = 0;
+                pthread_mutex_unlock(&sv_pool.lock);
+                while (__atomic_load_n(&sv_pool.generation, __ATOMIC_ACQUIRE) == seen
+                       && sv_keep_spinning(&until, &polls)) {}
+                pthread_mutex_lock(&sv_pool.lock);
+                while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+            }
             seen = sv_pool.generation;
             if (sv_pool.joined >= sv_pool.wanted) continue;
             sv_pool.joined++;
@@ -210,10 +261,19 @@ cdef extern from *:
         sv_pool.in_flight = 0;
         sv_pool.joined = 0;
         sv_pool.wanted = threads - 1;
-        sv_pool.generation++;
-        pthread_cond_broadcast(&sv_pool.wake);
+        __atomic_store_n(&sv_pool.generation, sv_pool.generation + 1, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&sv_pool.wake);   /* no system call when every helper spins */
         sv_pool_drain(0, sv_pool.generation);
-        while (sv_pool.in_flight > 0) pthread_cond_wait(&sv_pool.finished, &sv_pool.lock);
+        if (sv_pool.in_flight > 0) {
+            /* The last requests are a helper's: poll for them a while before sleeping. */
+            long long until = 0;
+            unsigned polls = 0;
+            pthread_mutex_unlock(&sv_pool.lock);
+            while (__atomic_load_n(&sv_pool.in_flight, __ATOMIC_ACQUIRE) > 0
+                   && sv_keep_spinning(&until, &polls)) {}
+            pthread_mutex_lock(&sv_pool.lock);
+            while (sv_pool.in_flight > 0) pthread_cond_wait(&sv_pool.finished, &sv_pool.lock);
+        }
         /* Exhausted and nothing in flight: a helper waking late finds no request to claim. */
         sv_pool.busy = 0;
         pthread_mutex_unlock(&sv_pool.lock);
@@ -222,6 +282,129 @@ cdef extern from *:
     """
     ctypedef void (*sv_task)(void* context, Py_ssize_t index) noexcept nogil
     int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) noexcept nogil
+
+
+# Probes of the pool (tools/thread_probe.py): how long a sleeping or spinning helper takes to start
+# a posted job, and the read bandwidth of one thread against the pool's.
+cdef extern from *:
+    """
+    typedef struct {
+        pthread_t caller;
+        long long helper_started;  /* sv_now_ns() when a helper began its request; 0: not yet */
+        long long deadline;
+    } sv_wake_probe;
+
+    /* The caller's request polls until a helper has started the other one (or the deadline). */
+    static void sv_wake_probe_task(void* context, Py_ssize_t index) {
+        sv_wake_probe* probe = (sv_wake_probe*) context;
+        (void) index;
+        if (!pthread_equal(pthread_self(), probe->caller)) {
+            __atomic_store_n(&probe->helper_started, sv_now_ns(), __ATOMIC_RELEASE);
+            return;
+        }
+        while (__atomic_load_n(&probe->helper_started, __ATOMIC_ACQUIRE) == 0
+               && sv_now_ns() < probe->deadline)
+            SV_PAUSE();
+    }
+
+    /* ns from posting a two-request job to a helper starting its request; -1: no helper within
+       timeout_ns; -2: the pool was busy (another caller). */
+    static long long sv_wake_latency_ns(long long timeout_ns) {
+        sv_wake_probe probe;
+        long long posted = sv_now_ns();
+        probe.caller = pthread_self();
+        probe.helper_started = 0;
+        probe.deadline = posted + timeout_ns;
+        if (sv_parallel_for(sv_wake_probe_task, &probe, 2, 2) != 0) return -2;
+        return probe.helper_started ? probe.helper_started - posted : -1;
+    }
+
+    typedef struct {
+        const uint32_t* data;
+        Py_ssize_t n, chunk;
+        uint32_t* results;   /* one per chunk: no two threads write one word */
+        uint8_t* by_helper;  /* one per chunk: 1 if a helper read it */
+        pthread_t caller;
+    } sv_read_probe;
+
+    static void sv_read_probe_task(void* context, Py_ssize_t index) {
+        sv_read_probe* probe = (sv_read_probe*) context;
+        Py_ssize_t start = index * probe->chunk, end = start + probe->chunk, i;
+        uint32_t bits = 0;
+        if (end > probe->n) end = probe->n;
+        for (i = start; i < end; i++) bits |= probe->data[i];
+        probe->results[index] = bits;
+        probe->by_helper[index] = !pthread_equal(pthread_self(), probe->caller);
+    }
+    """
+    long long sv_wake_latency_ns(long long timeout_ns) noexcept nogil
+    long long sv_now_ns() noexcept nogil
+    ctypedef unsigned long pthread_t   # opaque here: only copied
+    ctypedef struct sv_read_probe:
+        const uint32_t* data
+        Py_ssize_t n, chunk
+        uint32_t* results
+        uint8_t* by_helper
+        pthread_t caller
+    pthread_t pthread_self() noexcept nogil
+    void sv_read_probe_task(void* context, Py_ssize_t index) noexcept nogil
+    long long sv_pool_spin_ns "sv_pool.spin_ns"
+
+
+def _pool_wake_latency_ns(double timeout_s=0.1):
+    """Nanoseconds from posting a job to a helper thread starting it (the helper asleep or
+    spinning, as the time since the last job left it); -1 if none started within timeout_s,
+    -2 if another caller held the pool."""
+    cdef long long timeout_ns = <long long> (timeout_s * 1e9), latency
+    with nogil:
+        latency = sv_wake_latency_ns(timeout_ns)
+    return latency
+
+
+def _pool_spin_ns(spin_ns=None):
+    """How long helpers (and a caller waiting for them) poll before sleeping, in ns; sets it when
+    given (probes only: 0 makes every thread sleep at once).  Returns the previous value."""
+    global sv_pool_spin_ns
+    previous = sv_pool_spin_ns
+    if spin_ns is not None:
+        sv_pool_spin_ns = max(int(spin_ns), 0)
+    return previous
+
+
+def _pool_read_ns(data, int threads, Py_ssize_t chunk_bytes=1 << 20):
+    """(ns, bits, helper_chunks): time to OR every 32-bit word of the contiguous buffer `data` on
+    `threads` threads (the pool's claiming, chunk_bytes per claim), the OR (so the read is not
+    elided) and how many of the chunks helpers read."""
+    cdef Py_buffer view
+    cdef sv_read_probe probe
+    cdef Py_ssize_t chunks, i
+    cdef long long start, end
+    cdef uint32_t bits = 0
+    cdef Py_ssize_t helper_chunks = 0
+    PyObject_GetBuffer(data, &view, PyBUF_RECORDS_RO)
+    try:
+        probe.data = <const uint32_t*> view.buf
+        probe.n = view.len // 4
+        probe.chunk = max(chunk_bytes // 4, 1)
+        chunks = (probe.n + probe.chunk - 1) // probe.chunk
+        probe.results = <uint32_t*> malloc(max(chunks, 1) * (sizeof(uint32_t) + 1))
+        if probe.results == NULL:
+            raise MemoryError()
+        probe.by_helper = <uint8_t*> (probe.results + max(chunks, 1))
+        probe.caller = pthread_self()
+        with nogil:
+            start = sv_now_ns()
+            if threads <= 1 or sv_parallel_for(sv_read_probe_task, &probe, chunks, threads) != 0:
+                for i in range(chunks):
+                    sv_read_probe_task(&probe, i)
+            end = sv_now_ns()
+        for i in range(chunks):
+            bits |= probe.results[i]
+            helper_chunks += probe.by_helper[i]
+        free(probe.results)
+        return end - start, bits, helper_chunks
+    finally:
+        PyBuffer_Release(&view)
 
 
 # ---------------------------------------------------------------------------------------------
