@@ -119,6 +119,10 @@ cdef extern from *:
     """
     #include <pthread.h>
     #include <signal.h>
+    #include <stdint.h>
+    #ifndef _GNU_SOURCE
+    #define _GNU_SOURCE
+    #endif
     #include <sched.h>
     #include <time.h>
     #if defined(__x86_64__) || defined(__i386__)
@@ -132,6 +136,8 @@ cdef extern from *:
 
     typedef void (*sv_task)(void* context, Py_ssize_t index);
 
+    #define SV_MAX_HELPERS 63
+
     static struct {
         pthread_mutex_t lock;
         pthread_cond_t wake;       /* helpers: a new job was posted */
@@ -144,6 +150,11 @@ cdef extern from *:
         Py_ssize_t count, next, in_flight;  /* in_flight: written under lock, atomically */
         int wanted, joined;        /* helpers the job may use / that joined it */
         long long spin_ns;         /* how long a thread polls before it sleeps (atomic) */
+        /* Per helper (index < helpers): its thread, the CPUs it may run on, whether it sleeps
+           (in pthread_cond_wait) and whether a caller took the caller's CPU out of its mask. */
+        pthread_t thread[SV_MAX_HELPERS];
+        cpu_set_t allowed[SV_MAX_HELPERS];
+        char asleep[SV_MAX_HELPERS], moved[SV_MAX_HELPERS];
     } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
                  .spin_ns = 50000};
 
@@ -199,10 +210,10 @@ cdef extern from *:
         }
     }
 
-    static void* sv_pool_helper(void* unused) {
+    static void* sv_pool_helper(void* index_as_pointer) {
+        int me = (int) (intptr_t) index_as_pointer;
         sigset_t all;
         unsigned long seen = 0;
-        (void) unused;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the main thread's business */
         pthread_mutex_lock(&sv_pool.lock);
@@ -216,7 +227,16 @@ cdef extern from *:
                 while (__atomic_load_n(&sv_pool.generation, __ATOMIC_ACQUIRE) == seen
                        && sv_keep_spinning(&until, &polls)) {}
                 pthread_mutex_lock(&sv_pool.lock);
-                while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+                while (sv_pool.generation == seen) {
+                    sv_pool.asleep[me] = 1;
+                    pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+                    sv_pool.asleep[me] = 0;
+                }
+            }
+            if (sv_pool.moved[me]) {
+                /* Woken off the caller's CPU: every CPU allowed again (no migration: this one is). */
+                sv_pool.moved[me] = 0;
+                pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &sv_pool.allowed[me]);
             }
             seen = sv_pool.generation;
             if (sv_pool.joined >= sv_pool.wanted) continue;
@@ -226,11 +246,30 @@ cdef extern from *:
         return NULL;
     }
 
+    /* Sleeping helpers may not wake on the caller's CPU (lock held).  Measured on this 2-vCPU VM
+       (tools/thread_probe.py): once the caller has slept a millisecond or more, the scheduler
+       wakes the helper on the caller's own CPU in 96-100% of the jobs, where it runs only after
+       the caller (up to 1.8 ms later) or in turns with it: no gain.  Taking that CPU out of a
+       sleeping helper's mask makes the wake-up pick another; the helper restores its mask. */
+    static void sv_pool_keep_off_callers_cpu(void) {
+        int cpu = sched_getcpu(), i;
+        cpu_set_t elsewhere;
+        if (cpu < 0 || cpu >= CPU_SETSIZE) return;
+        for (i = 0; i < sv_pool.helpers; i++) {
+            if (!sv_pool.asleep[i] || sv_pool.moved[i] || !CPU_ISSET(cpu, &sv_pool.allowed[i])
+                || CPU_COUNT(&sv_pool.allowed[i]) < 2)
+                continue;
+            elsewhere = sv_pool.allowed[i];
+            CPU_CLR(cpu, &elsewhere);
+            if (pthread_setaffinity_np(sv_pool.thread[i], sizeof(cpu_set_t), &elsewhere) == 0)
+                sv_pool.moved[i] = 1;
+        }
+    }
+
     /* Run task(context, i) for i in [0, count) on the caller and up to threads - 1 helpers.
        Returns 0 when done, -1 (nothing run) when the pool is busy or no helper could start: the
        caller then runs the loop itself. */
     static int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) {
-        pthread_t thread;
         pthread_attr_t attr;
         pthread_mutex_lock(&sv_pool.lock);
         if (sv_pool.busy) {
@@ -241,12 +280,21 @@ cdef extern from *:
             pthread_atfork(NULL, NULL, sv_pool_reset_in_child);
             sv_pool_atfork_registered = 1;
         }
+        if (threads - 1 > SV_MAX_HELPERS) threads = SV_MAX_HELPERS + 1;
         if (sv_pool.helpers < threads - 1) {
             pthread_attr_init(&attr);
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            while (sv_pool.helpers < threads - 1
-                   && pthread_create(&thread, &attr, sv_pool_helper, NULL) == 0)
+            while (sv_pool.helpers < threads - 1) {
+                int me = sv_pool.helpers;
+                /* A new thread inherits the caller's CPUs: those are the helper's for good. */
+                if (pthread_getaffinity_np(pthread_self(), sizeof(cpu_set_t), &sv_pool.allowed[me]) != 0)
+                    CPU_ZERO(&sv_pool.allowed[me]);   /* unknown: never moved */
+                sv_pool.asleep[me] = sv_pool.moved[me] = 0;
+                if (pthread_create(&sv_pool.thread[me], &attr, sv_pool_helper,
+                                   (void*) (intptr_t) me) != 0)
+                    break;
                 sv_pool.helpers++;
+            }
             pthread_attr_destroy(&attr);
         }
         if (sv_pool.helpers == 0) {
@@ -262,6 +310,7 @@ cdef extern from *:
         sv_pool.joined = 0;
         sv_pool.wanted = threads - 1;
         __atomic_store_n(&sv_pool.generation, sv_pool.generation + 1, __ATOMIC_RELEASE);
+        sv_pool_keep_off_callers_cpu();
         pthread_cond_broadcast(&sv_pool.wake);   /* no system call when every helper spins */
         sv_pool_drain(0, sv_pool.generation);
         if (sv_pool.in_flight > 0) {
@@ -292,6 +341,7 @@ cdef extern from *:
         pthread_t caller;
         long long helper_started;  /* sv_now_ns() when a helper began its request; 0: not yet */
         long long deadline;
+        int caller_cpu, helper_cpu;
     } sv_wake_probe;
 
     /* The caller's request polls until a helper has started the other one (or the deadline). */
@@ -299,9 +349,11 @@ cdef extern from *:
         sv_wake_probe* probe = (sv_wake_probe*) context;
         (void) index;
         if (!pthread_equal(pthread_self(), probe->caller)) {
+            probe->helper_cpu = sched_getcpu();
             __atomic_store_n(&probe->helper_started, sv_now_ns(), __ATOMIC_RELEASE);
             return;
         }
+        probe->caller_cpu = sched_getcpu();
         while (__atomic_load_n(&probe->helper_started, __ATOMIC_ACQUIRE) == 0
                && sv_now_ns() < probe->deadline)
             SV_PAUSE();
@@ -309,13 +361,15 @@ cdef extern from *:
 
     /* ns from posting a two-request job to a helper starting its request; -1: no helper within
        timeout_ns; -2: the pool was busy (another caller). */
-    static long long sv_wake_latency_ns(long long timeout_ns) {
+    static long long sv_wake_latency_ns(long long timeout_ns, int* same_cpu) {
         sv_wake_probe probe;
         long long posted = sv_now_ns();
         probe.caller = pthread_self();
         probe.helper_started = 0;
         probe.deadline = posted + timeout_ns;
+        probe.caller_cpu = probe.helper_cpu = -1;
         if (sv_parallel_for(sv_wake_probe_task, &probe, 2, 2) != 0) return -2;
+        *same_cpu = probe.caller_cpu == probe.helper_cpu;
         return probe.helper_started ? probe.helper_started - posted : -1;
     }
 
@@ -337,7 +391,7 @@ cdef extern from *:
         probe->by_helper[index] = !pthread_equal(pthread_self(), probe->caller);
     }
     """
-    long long sv_wake_latency_ns(long long timeout_ns) noexcept nogil
+    long long sv_wake_latency_ns(long long timeout_ns, int* same_cpu) noexcept nogil
     long long sv_now_ns() noexcept nogil
     ctypedef unsigned long pthread_t   # opaque here: only copied
     ctypedef struct sv_read_probe:
@@ -352,13 +406,15 @@ cdef extern from *:
 
 
 def _pool_wake_latency_ns(double timeout_s=0.1):
-    """Nanoseconds from posting a job to a helper thread starting it (the helper asleep or
-    spinning, as the time since the last job left it); -1 if none started within timeout_s,
-    -2 if another caller held the pool."""
+    """(ns, same_cpu): nanoseconds from posting a job to a helper thread starting it (the helper
+    asleep or spinning, as the time since the last job left it; -1 if none started within
+    timeout_s, -2 if another caller held the pool), and whether the helper started on the CPU
+    the caller was on."""
     cdef long long timeout_ns = <long long> (timeout_s * 1e9), latency
+    cdef int same_cpu = 0
     with nogil:
-        latency = sv_wake_latency_ns(timeout_ns)
-    return latency
+        latency = sv_wake_latency_ns(timeout_ns, &same_cpu)
+    return latency, bool(same_cpu)
 
 
 def _pool_spin_ns(spin_ns=None):
@@ -414,11 +470,12 @@ def _pool_read_ns(data, int threads, Py_ssize_t chunk_bytes=1 << 20):
 cdef int _default_threads = 0
 
 # With num_threads=None, one more thread only per this many target elements the batch may read
-# (512 KB of float32, some 10-20 us of reading): waking a helper costs microseconds, more than a
-# small batch would gain from it.
-cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
+# (2 MiB of float32: 22 us of reading from L2 on one thread, 65 us from DRAM): a sleeping helper
+# starts 20-50 us after the call posts its job (tools/thread_probe.py), so a smaller batch is
+# mostly done by then, and the helper's spin after it would burn a CPU for nothing.
+cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 19
 # Helper threads are kept for the process's life: never more than this many in all.
-cdef int MAX_THREADS = 64
+cdef int MAX_THREADS = 64   # SV_MAX_HELPERS + 1
 
 
 def default_num_threads():

@@ -47,11 +47,13 @@ def wake_latencies(idle_us, repeats, spin_ns=None):
     previous = _kernels._pool_spin_ns(spin_ns)
     try:
         _kernels._pool_wake_latency_ns()   # the helper exists and has finished a job
-        out = []
+        out, same = [], 0
         for _ in range(repeats):
             wait_us(idle_us)
-            out.append(_kernels._pool_wake_latency_ns())
-        return np.array(out, dtype=np.int64)
+            ns, on_callers_cpu = _kernels._pool_wake_latency_ns()
+            out.append(ns)
+            same += on_callers_cpu
+        return np.array(out, dtype=np.int64), same
     finally:
         _kernels._pool_spin_ns(previous)
 
@@ -115,15 +117,17 @@ def main(argv=None):
     others, wall = cpu_seconds_of_others(), time.perf_counter()
     print(f"(a) wake latency of the batch pool's helper, us (p10 / median / p90 over {repeats} jobs; "
           f"spin window {_kernels._pool_spin_ns() / 1e3:.0f} us)")
-    print("  idle before the job | spinning helper        | sleeping helper (spin 0)")
+    print("  [%]: jobs whose helper started on the caller's CPU (it ran only once the caller's "
+          "request, polling for it, gave the CPU up)")
+    print("  idle before the job | spinning helper               | sleeping helper (spin 0)")
     for idle in IDLE_US:
         cells = []
         for spin in (None, 0):
-            ns = wake_latencies(idle, repeats if idle < 10000 else max(repeats // 8, 5), spin)
+            ns, same = wake_latencies(idle, repeats if idle < 10000 else max(repeats // 8, 5), spin)
             ok = ns[ns >= 0] / 1e3
             missed = int((ns < 0).sum())
             cells.append(f"{np.percentile(ok, 10):6.1f} / {np.median(ok):6.1f} / {np.percentile(ok, 90):7.1f}"
-                         + (f" ({missed} missed)" if missed else ""))
+                         + f" [{100 * same / len(ns):3.0f}%]" + (f" ({missed} missed)" if missed else ""))
         print(f"  {idle:>10} us        | " + " | ".join(cells))
 
     cost = posting_cost_us(repeats)
