@@ -196,7 +196,9 @@ def test_same_results_whatever_the_threads_the_repeats_and_the_pauses(spin_ns):
     import time
     from specverify import _kernels
     rng = np.random.default_rng(28)
-    cases = [random_batch(rng, n, 700) for n in (0, 1, 2, 40)]
+    # The last batch's requests last tens of us: a caller that did not wait for a helper's
+    # request in flight would return its output row unwritten.
+    cases = [random_batch(rng, n, v) for n, v in ((0, 700), (1, 700), (2, 700), (40, 700), (12, 30000))]
     expected = [single_op_results(args) for args in cases]
     previous = _kernels._pool_spin_ns(spin_ns)
     try:
@@ -741,3 +743,14 @@ def test_flashinfer_converter_takes_tensors():
     assert isinstance(target, torch.Tensor)
     np.testing.assert_array_equal(target.numpy(), args["target_probs"])
     np.testing.assert_array_equal(tokens, args["draft_tokens"])
+
+
+def test_thread_probe_quick_run(capsys):
+    # tools/thread_probe.py (wake latency, posting cost, 1- vs 2-thread read bandwidth) runs.
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tools import thread_probe
+    assert thread_probe.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "wake latency" in out and "read bandwidth" in out and "helper read" in out
