@@ -160,6 +160,11 @@ cdef extern from *:
 
     static int sv_pool_atfork_registered = 0;
 
+    /* The poll window: set (probes, tests), returns the previous one. */
+    static long long sv_pool_exchange_spin_ns(long long spin_ns) {
+        return __atomic_exchange_n(&sv_pool.spin_ns, spin_ns, __ATOMIC_RELAXED);
+    }
+
     static long long sv_now_ns(void) {
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
@@ -402,7 +407,8 @@ cdef extern from *:
         pthread_t caller
     pthread_t pthread_self() noexcept nogil
     void sv_read_probe_task(void* context, Py_ssize_t index) noexcept nogil
-    long long sv_pool_spin_ns "sv_pool.spin_ns"
+    long long sv_pool_exchange_spin_ns(long long spin_ns) noexcept nogil
+    long long sv_pool_spin_ns "sv_pool.spin_ns"   # read only (the setter is atomic)
 
 
 def _pool_wake_latency_ns(double timeout_s=0.1):
@@ -420,11 +426,9 @@ def _pool_wake_latency_ns(double timeout_s=0.1):
 def _pool_spin_ns(spin_ns=None):
     """How long helpers (and a caller waiting for them) poll before sleeping, in ns; sets it when
     given (probes only: 0 makes every thread sleep at once).  Returns the previous value."""
-    global sv_pool_spin_ns
-    previous = sv_pool_spin_ns
-    if spin_ns is not None:
-        sv_pool_spin_ns = max(int(spin_ns), 0)
-    return previous
+    if spin_ns is None:
+        return sv_pool_spin_ns
+    return sv_pool_exchange_spin_ns(max(int(spin_ns), 0))
 
 
 def _pool_read_ns(data, int threads, Py_ssize_t chunk_bytes=1 << 20):
