@@ -110,11 +110,12 @@ cdef void _verify_requests(_Batch* b, int num_threads) noexcept nogil:
 # 11 on 2 cores); here the caller just does the work itself.  One job at a time: a second caller
 # meanwhile runs on its own thread.  After fork() the child starts with no helpers.
 #
-# Waking a sleeping helper is slow on a virtual machine (its idle vCPU must be rescheduled by the
-# host: tools/thread_probe.py measures it), so a helper that finished a job spins (a pause
-# instruction per poll, lock released) for up to sv_pool.spin_ns before it sleeps: a call that
-# follows within that window finds it awake on its own CPU.  The caller, waiting for a helper's
-# last claimed request, spins the same way before it sleeps.
+# Waking a sleeping helper is slow on this virtual machine: it starts 18-25 us after the post, 30-75
+# us once it has slept 1-10 ms, against 0.1-0.5 us for a helper still polling (tools/thread_probe.py,
+# quiet machine).  So a helper that finished a job polls (a pause instruction per poll, lock
+# released) for up to sv_pool.spin_ns before it sleeps: a call that follows within that window
+# finds it awake on its own CPU.  The caller, waiting for a helper's last claimed request, polls
+# the same way before it sleeps.
 cdef extern from *:
     """
     #include <pthread.h>
@@ -474,9 +475,10 @@ def _pool_read_ns(data, int threads, Py_ssize_t chunk_bytes=1 << 20):
 cdef int _default_threads = 0
 
 # With num_threads=None, one more thread only per this many target elements the batch may read
-# (2 MiB of float32: 22 us of reading from L2 on one thread, 65 us from DRAM): a sleeping helper
-# starts 20-50 us after the call posts its job (tools/thread_probe.py), so a smaller batch is
-# mostly done by then, and the helper's spin after it would burn a CPU for nothing.
+# (2 MiB of float32: 23 us of reading from L2 on one thread at 92 GB/s, 70 us from DRAM at 30
+# GB/s): a sleeping helper starts 18-75 us after the call posts its job (tools/thread_probe.py),
+# so a smaller batch is mostly done by then, and the helper's poll after it would burn a CPU for
+# nothing.
 cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 19
 # Helper threads are kept for the process's life: never more than this many in all.
 cdef int MAX_THREADS = 64   # SV_MAX_HELPERS + 1
