@@ -749,7 +749,10 @@ def test_thread_probe_quick_run(capsys):
     # tools/thread_probe.py (wake latency, posting cost, 1- vs 2-thread read bandwidth) runs.
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "tools" / "thread_probe.py").exists():
+        pytest.skip("no tools/ in this copy of the tests (e.g. tools/sanitize.sh's scratch tree)")
+    sys.path.insert(0, str(root))
     from tools import thread_probe
     assert thread_probe.main(["--quick"]) == 0
     out = capsys.readouterr().out
