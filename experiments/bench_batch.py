@@ -100,21 +100,20 @@ def bytes_per_request(sv, call):
 
 
 def _functions(sv):
-    def batch_on(threads):
+    # The helpers' poll window: each 2-thread variant sets its own before its call and leaves it
+    # set (restoring it after the call would race with a helper about to read it).
+    spin = getattr(getattr(sv, "_kernels", None), "_pool_spin_ns", None)
+    default_spin = spin() if spin is not None else None
+
+    def batch_on(threads, spin_ns=default_spin):
         def call(target, draft, tokens, cu, method, uniforms, views):
+            if spin is not None:
+                spin(spin_ns)
             return sv.verify_batch(target, draft, tokens, cu, method=method, uniforms=uniforms,
                                    num_threads=threads)
         return call
 
-    spin = getattr(getattr(sv, "_kernels", None), "_pool_spin_ns", None)
-
-    def asleep(target, draft, tokens, cu, method, uniforms, views):
-        previous = spin(0)   # the helper sleeps as soon as its part is done
-        try:
-            return sv.verify_batch(target, draft, tokens, cu, method=method, uniforms=uniforms,
-                                   num_threads=2)
-        finally:
-            spin(previous)
+    asleep = batch_on(2, spin_ns=0)   # the helper sleeps as soon as its part is done
 
     def loop(target, draft, tokens, cu, method, uniforms, views):
         single = sv.verify_greedy if method == "greedy" else sv.accept_from_uniforms
@@ -129,6 +128,8 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
 
     settings, probe, time_round_robin, overhead_ns: the main bench's (experiments.bench)."""
     rng = np.random.default_rng(seed)
+    spin = getattr(getattr(sv, "_kernels", None), "_pool_spin_ns", None)
+    saved_spin = spin() if spin is not None else None
     fns = _functions(sv)
     requests, vocabs = sweep["requests"], sweep["vocabs"]
     budget = sweep["budget_s"] / (len(requests) * len(vocabs) * len(CACHES) * len(METHODS))
@@ -172,6 +173,8 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
                         + f" us  (÷floor 1t {group['batch 1t']['ratio_to_floor_min']:.2f}, 2t/1t " + " ".join(
                             f"{g['speedup_2t_vs_1t']:.2f}" for g in group.values() if "speedup_2t_vs_1t" in g) + ")")
             del batches
+    if saved_spin is not None:
+        sv._kernels._pool_spin_ns(saved_spin)
     return rows, overhead_rows(sv, settings, seed, time_round_robin, overhead_ns)
 
 
