@@ -109,12 +109,35 @@ cdef void _verify_requests(_Batch* b, int num_threads) noexcept nogil:
 # whole call waited for it (measured: median 44 ms instead of 1.8 ms for R = 64, V = 32000, load
 # 11 on 2 cores); here the caller just does the work itself.  One job at a time: a second caller
 # meanwhile runs on its own thread.  After fork() the child starts with no helpers.
+#
+# Waking a sleeping helper is slow on this virtual machine: it starts 18-25 us after the post, 30-75
+# us once it has slept 1-10 ms, against 0.1-0.5 us for a helper still polling (tools/thread_probe.py,
+# quiet machine).  So a helper that finished a job polls (a pause instruction per poll, lock
+# released) for up to sv_pool.spin_ns before it sleeps: a call that follows within that window
+# finds it awake on its own CPU.  The caller, waiting for a helper's last claimed request, polls
+# the same way before it sleeps.
 cdef extern from *:
     """
     #include <pthread.h>
     #include <signal.h>
+    #include <stdint.h>
+    #ifndef _GNU_SOURCE
+    #define _GNU_SOURCE
+    #endif
+    #include <sched.h>
+    #include <time.h>
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <immintrin.h>
+    #define SV_PAUSE() _mm_pause()
+    #elif defined(__aarch64__)
+    #define SV_PAUSE() __asm__ __volatile__("yield" ::: "memory")
+    #else
+    #define SV_PAUSE() ((void) 0)
+    #endif
 
     typedef void (*sv_task)(void* context, Py_ssize_t index);
+
+    #define SV_MAX_HELPERS 63
 
     static struct {
         pthread_mutex_t lock;
@@ -122,14 +145,48 @@ cdef extern from *:
         pthread_cond_t finished;   /* caller: the last in-flight request is done */
         int helpers;               /* helper threads started */
         int busy;                  /* a caller owns the pool */
-        unsigned long generation;  /* jobs posted so far */
+        unsigned long generation;  /* jobs posted so far (written under lock, atomically) */
         sv_task task;              /* the current job (read under lock) */
         void* context;
-        Py_ssize_t count, next, in_flight;
+        Py_ssize_t count, next, in_flight;  /* in_flight: written under lock, atomically */
         int wanted, joined;        /* helpers the job may use / that joined it */
-    } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER};
+        long long spin_ns;         /* how long a thread polls before it sleeps (atomic) */
+        /* Per helper (index < helpers): its thread, the CPUs it may run on, whether it sleeps
+           (in pthread_cond_wait) and whether a caller took the caller's CPU out of its mask. */
+        pthread_t thread[SV_MAX_HELPERS];
+        cpu_set_t allowed[SV_MAX_HELPERS];
+        char asleep[SV_MAX_HELPERS], moved[SV_MAX_HELPERS];
+    } sv_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                 .spin_ns = 50000};
 
     static int sv_pool_atfork_registered = 0;
+
+    /* The poll window: set (probes, tests), returns the previous one. */
+    static long long sv_pool_exchange_spin_ns(long long spin_ns) {
+        return __atomic_exchange_n(&sv_pool.spin_ns, spin_ns, __ATOMIC_RELAXED);
+    }
+
+    static long long sv_now_ns(void) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        return (long long) now.tv_sec * 1000000000LL + now.tv_nsec;
+    }
+
+    /* A spinning thread's poll: a pause instruction, and every 32 polls a sched_yield (when this
+       CPU is shared, e.g. on a loaded machine, the thread that would run the job gets it at
+       once rather than after the spinner's time slice); false once sv_pool.spin_ns have passed
+       since the first poll (*until = 0 before it). */
+    static int sv_keep_spinning(long long* until, unsigned* polls) {
+        if (*until == 0) {
+            long long spin_ns = __atomic_load_n(&sv_pool.spin_ns, __ATOMIC_RELAXED);
+            if (spin_ns <= 0) return 0;
+            *until = sv_now_ns() + spin_ns;
+        }
+        SV_PAUSE();
+        if ((++*polls & 31) != 0) return 1;
+        sched_yield();
+        return sv_now_ns() < *until;
+    }
 
     static void sv_pool_reset_in_child(void) {
         pthread_mutex_init(&sv_pool.lock, NULL);
@@ -147,26 +204,46 @@ cdef extern from *:
             Py_ssize_t index = sv_pool.next++;
             sv_task task = sv_pool.task;
             void* context = sv_pool.context;
-            if (helper) sv_pool.in_flight++;
+            if (helper) __atomic_store_n(&sv_pool.in_flight, sv_pool.in_flight + 1, __ATOMIC_RELAXED);
             pthread_mutex_unlock(&sv_pool.lock);
             task(context, index);
             pthread_mutex_lock(&sv_pool.lock);
-            if (helper && --sv_pool.in_flight == 0 && sv_pool.next >= sv_pool.count)
-                pthread_cond_signal(&sv_pool.finished);
+            if (helper) {
+                __atomic_store_n(&sv_pool.in_flight, sv_pool.in_flight - 1, __ATOMIC_RELEASE);
+                if (sv_pool.in_flight == 0 && sv_pool.next >= sv_pool.count)
+                    pthread_cond_signal(&sv_pool.finished);
+            }
         }
     }
 
-    static void* sv_pool_helper(void* unused) {
+    static void* sv_pool_helper(void* index_as_pointer) {
+        int me = (int) (intptr_t) index_as_pointer;
         sigset_t all;
         unsigned long seen = 0;
-        (void) unused;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, NULL);   /* signals are the main thread's business */
         pthread_mutex_lock(&sv_pool.lock);
         /* Started by a call that has posted its job by the time this lock is ours: join it. */
         seen = sv_pool.generation - 1;
         for (;;) {
-            while (sv_pool.generation == seen) pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+            if (sv_pool.generation == seen) {
+                long long until = 0;
+                unsigned polls = 0;
+                pthread_mutex_unlock(&sv_pool.lock);
+                while (__atomic_load_n(&sv_pool.generation, __ATOMIC_ACQUIRE) == seen
+                       && sv_keep_spinning(&until, &polls)) {}
+                pthread_mutex_lock(&sv_pool.lock);
+                while (sv_pool.generation == seen) {
+                    sv_pool.asleep[me] = 1;
+                    pthread_cond_wait(&sv_pool.wake, &sv_pool.lock);
+                    sv_pool.asleep[me] = 0;
+                }
+            }
+            if (sv_pool.moved[me]) {
+                /* Woken off the caller's CPU: every CPU allowed again (no migration: this one is). */
+                sv_pool.moved[me] = 0;
+                pthread_setaffinity_np(pthread_self(), sizeof(cpu_set_t), &sv_pool.allowed[me]);
+            }
             seen = sv_pool.generation;
             if (sv_pool.joined >= sv_pool.wanted) continue;
             sv_pool.joined++;
@@ -175,11 +252,30 @@ cdef extern from *:
         return NULL;
     }
 
+    /* Sleeping helpers may not wake on the caller's CPU (lock held).  Measured on this 2-vCPU VM
+       (tools/thread_probe.py): once the caller has slept a millisecond or more, the scheduler
+       wakes the helper on the caller's own CPU in 96-100% of the jobs, where it runs only after
+       the caller (up to 1.8 ms later) or in turns with it: no gain.  Taking that CPU out of a
+       sleeping helper's mask makes the wake-up pick another; the helper restores its mask. */
+    static void sv_pool_keep_off_callers_cpu(void) {
+        int cpu = sched_getcpu(), i;
+        cpu_set_t elsewhere;
+        if (cpu < 0 || cpu >= CPU_SETSIZE) return;
+        for (i = 0; i < sv_pool.helpers; i++) {
+            if (!sv_pool.asleep[i] || sv_pool.moved[i] || !CPU_ISSET(cpu, &sv_pool.allowed[i])
+                || CPU_COUNT(&sv_pool.allowed[i]) < 2)
+                continue;
+            elsewhere = sv_pool.allowed[i];
+            CPU_CLR(cpu, &elsewhere);
+            if (pthread_setaffinity_np(sv_pool.thread[i], sizeof(cpu_set_t), &elsewhere) == 0)
+                sv_pool.moved[i] = 1;
+        }
+    }
+
     /* Run task(context, i) for i in [0, count) on the caller and up to threads - 1 helpers.
        Returns 0 when done, -1 (nothing run) when the pool is busy or no helper could start: the
        caller then runs the loop itself. */
     static int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) {
-        pthread_t thread;
         pthread_attr_t attr;
         pthread_mutex_lock(&sv_pool.lock);
         if (sv_pool.busy) {
@@ -190,12 +286,21 @@ cdef extern from *:
             pthread_atfork(NULL, NULL, sv_pool_reset_in_child);
             sv_pool_atfork_registered = 1;
         }
+        if (threads - 1 > SV_MAX_HELPERS) threads = SV_MAX_HELPERS + 1;
         if (sv_pool.helpers < threads - 1) {
             pthread_attr_init(&attr);
             pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-            while (sv_pool.helpers < threads - 1
-                   && pthread_create(&thread, &attr, sv_pool_helper, NULL) == 0)
+            while (sv_pool.helpers < threads - 1) {
+                int me = sv_pool.helpers;
+                /* A new thread inherits the caller's CPUs: those are the helper's for good. */
+                if (pthread_getaffinity_np(pthread_self(), sizeof(cpu_set_t), &sv_pool.allowed[me]) != 0)
+                    CPU_ZERO(&sv_pool.allowed[me]);   /* unknown: never moved */
+                sv_pool.asleep[me] = sv_pool.moved[me] = 0;
+                if (pthread_create(&sv_pool.thread[me], &attr, sv_pool_helper,
+                                   (void*) (intptr_t) me) != 0)
+                    break;
                 sv_pool.helpers++;
+            }
             pthread_attr_destroy(&attr);
         }
         if (sv_pool.helpers == 0) {
@@ -210,10 +315,20 @@ cdef extern from *:
         sv_pool.in_flight = 0;
         sv_pool.joined = 0;
         sv_pool.wanted = threads - 1;
-        sv_pool.generation++;
-        pthread_cond_broadcast(&sv_pool.wake);
+        __atomic_store_n(&sv_pool.generation, sv_pool.generation + 1, __ATOMIC_RELEASE);
+        sv_pool_keep_off_callers_cpu();
+        pthread_cond_broadcast(&sv_pool.wake);   /* no system call when every helper spins */
         sv_pool_drain(0, sv_pool.generation);
-        while (sv_pool.in_flight > 0) pthread_cond_wait(&sv_pool.finished, &sv_pool.lock);
+        if (sv_pool.in_flight > 0) {
+            /* The last requests are a helper's: poll for them a while before sleeping. */
+            long long until = 0;
+            unsigned polls = 0;
+            pthread_mutex_unlock(&sv_pool.lock);
+            while (__atomic_load_n(&sv_pool.in_flight, __ATOMIC_ACQUIRE) > 0
+                   && sv_keep_spinning(&until, &polls)) {}
+            pthread_mutex_lock(&sv_pool.lock);
+            while (sv_pool.in_flight > 0) pthread_cond_wait(&sv_pool.finished, &sv_pool.lock);
+        }
         /* Exhausted and nothing in flight: a helper waking late finds no request to claim. */
         sv_pool.busy = 0;
         pthread_mutex_unlock(&sv_pool.lock);
@@ -224,6 +339,135 @@ cdef extern from *:
     int sv_parallel_for(sv_task task, void* context, Py_ssize_t count, int threads) noexcept nogil
 
 
+# Probes of the pool (tools/thread_probe.py): how long a sleeping or spinning helper takes to start
+# a posted job, and the read bandwidth of one thread against the pool's.
+cdef extern from *:
+    """
+    typedef struct {
+        pthread_t caller;
+        long long helper_started;  /* sv_now_ns() when a helper began its request; 0: not yet */
+        long long deadline;
+        int caller_cpu, helper_cpu;
+    } sv_wake_probe;
+
+    /* The caller's request polls until a helper has started the other one (or the deadline). */
+    static void sv_wake_probe_task(void* context, Py_ssize_t index) {
+        sv_wake_probe* probe = (sv_wake_probe*) context;
+        (void) index;
+        if (!pthread_equal(pthread_self(), probe->caller)) {
+            probe->helper_cpu = sched_getcpu();
+            __atomic_store_n(&probe->helper_started, sv_now_ns(), __ATOMIC_RELEASE);
+            return;
+        }
+        probe->caller_cpu = sched_getcpu();
+        while (__atomic_load_n(&probe->helper_started, __ATOMIC_ACQUIRE) == 0
+               && sv_now_ns() < probe->deadline)
+            SV_PAUSE();
+    }
+
+    /* ns from posting a two-request job to a helper starting its request; -1: no helper within
+       timeout_ns; -2: the pool was busy (another caller). */
+    static long long sv_wake_latency_ns(long long timeout_ns, int* same_cpu) {
+        sv_wake_probe probe;
+        long long posted = sv_now_ns();
+        probe.caller = pthread_self();
+        probe.helper_started = 0;
+        probe.deadline = posted + timeout_ns;
+        probe.caller_cpu = probe.helper_cpu = -1;
+        if (sv_parallel_for(sv_wake_probe_task, &probe, 2, 2) != 0) return -2;
+        *same_cpu = probe.caller_cpu == probe.helper_cpu;
+        return probe.helper_started ? probe.helper_started - posted : -1;
+    }
+
+    typedef struct {
+        const uint32_t* data;
+        Py_ssize_t n, chunk;
+        uint32_t* results;   /* one per chunk: no two threads write one word */
+        uint8_t* by_helper;  /* one per chunk: 1 if a helper read it */
+        pthread_t caller;
+    } sv_read_probe;
+
+    static void sv_read_probe_task(void* context, Py_ssize_t index) {
+        sv_read_probe* probe = (sv_read_probe*) context;
+        Py_ssize_t start = index * probe->chunk, end = start + probe->chunk, i;
+        uint32_t bits = 0;
+        if (end > probe->n) end = probe->n;
+        for (i = start; i < end; i++) bits |= probe->data[i];
+        probe->results[index] = bits;
+        probe->by_helper[index] = !pthread_equal(pthread_self(), probe->caller);
+    }
+    """
+    long long sv_wake_latency_ns(long long timeout_ns, int* same_cpu) noexcept nogil
+    long long sv_now_ns() noexcept nogil
+    ctypedef unsigned long pthread_t   # opaque here: only copied
+    ctypedef struct sv_read_probe:
+        const uint32_t* data
+        Py_ssize_t n, chunk
+        uint32_t* results
+        uint8_t* by_helper
+        pthread_t caller
+    pthread_t pthread_self() noexcept nogil
+    void sv_read_probe_task(void* context, Py_ssize_t index) noexcept nogil
+    long long sv_pool_exchange_spin_ns(long long spin_ns) noexcept nogil
+    long long sv_pool_spin_ns "sv_pool.spin_ns"   # read only (the setter is atomic)
+
+
+def _pool_wake_latency_ns(double timeout_s=0.1):
+    """(ns, same_cpu): nanoseconds from posting a job to a helper thread starting it (the helper
+    asleep or spinning, as the time since the last job left it; -1 if none started within
+    timeout_s, -2 if another caller held the pool), and whether the helper started on the CPU
+    the caller was on."""
+    cdef long long timeout_ns = <long long> (timeout_s * 1e9), latency
+    cdef int same_cpu = 0
+    with nogil:
+        latency = sv_wake_latency_ns(timeout_ns, &same_cpu)
+    return latency, bool(same_cpu)
+
+
+def _pool_spin_ns(spin_ns=None):
+    """How long helpers (and a caller waiting for them) poll before sleeping, in ns; sets it when
+    given (probes only: 0 makes every thread sleep at once).  Returns the previous value."""
+    if spin_ns is None:
+        return sv_pool_spin_ns
+    return sv_pool_exchange_spin_ns(max(int(spin_ns), 0))
+
+
+def _pool_read_ns(data, int threads, Py_ssize_t chunk_bytes=1 << 20):
+    """(ns, bits, helper_chunks): time to OR every 32-bit word of the contiguous buffer `data` on
+    `threads` threads (the pool's claiming, chunk_bytes per claim), the OR (so the read is not
+    elided) and how many of the chunks helpers read."""
+    cdef Py_buffer view
+    cdef sv_read_probe probe
+    cdef Py_ssize_t chunks, i
+    cdef long long start, end
+    cdef uint32_t bits = 0
+    cdef Py_ssize_t helper_chunks = 0
+    PyObject_GetBuffer(data, &view, PyBUF_RECORDS_RO)
+    try:
+        probe.data = <const uint32_t*> view.buf
+        probe.n = view.len // 4
+        probe.chunk = max(chunk_bytes // 4, 1)
+        chunks = (probe.n + probe.chunk - 1) // probe.chunk
+        probe.results = <uint32_t*> malloc(max(chunks, 1) * (sizeof(uint32_t) + 1))
+        if probe.results == NULL:
+            raise MemoryError()
+        probe.by_helper = <uint8_t*> (probe.results + max(chunks, 1))
+        probe.caller = pthread_self()
+        with nogil:
+            start = sv_now_ns()
+            if threads <= 1 or sv_parallel_for(sv_read_probe_task, &probe, chunks, threads) != 0:
+                for i in range(chunks):
+                    sv_read_probe_task(&probe, i)
+            end = sv_now_ns()
+        for i in range(chunks):
+            bits |= probe.results[i]
+            helper_chunks += probe.by_helper[i]
+        free(probe.results)
+        return end - start, bits, helper_chunks
+    finally:
+        PyBuffer_Release(&view)
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry
 # ---------------------------------------------------------------------------------------------
@@ -231,11 +475,13 @@ cdef extern from *:
 cdef int _default_threads = 0
 
 # With num_threads=None, one more thread only per this many target elements the batch may read
-# (512 KB of float32, some 10-20 us of reading): waking a helper costs microseconds, more than a
-# small batch would gain from it.
-cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 17
+# (2 MiB of float32: 23 us of reading from L2 on one thread at 92 GB/s, 70 us from DRAM at 30
+# GB/s): a sleeping helper starts 18-75 us after the call posts its job (tools/thread_probe.py),
+# so a smaller batch is mostly done by then, and the helper's poll after it would burn a CPU for
+# nothing.
+cdef Py_ssize_t MIN_ELEMENTS_PER_THREAD = 1 << 19
 # Helper threads are kept for the process's life: never more than this many in all.
-cdef int MAX_THREADS = 64
+cdef int MAX_THREADS = 64   # SV_MAX_HELPERS + 1
 
 
 def default_num_threads():

@@ -319,11 +319,12 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
         num_threads: threads to spread the requests over (at most R, at most 64): the calling
             thread and helper threads (started once, kept) claim requests one at a time; the call
             waits only for requests a helper has claimed, never for a helper that is late to run
-            (a fork-join barrier costs scheduler slices on a loaded machine).  1 runs on the
-            calling thread alone; so does a call made while another call holds the helpers.
+            (a fork-join barrier costs scheduler slices on a loaded machine).  Idle helpers poll
+            for 50 us before they sleep, so calls in quick succession find them awake.  1 runs on
+            the calling thread alone; so does a call made while another call holds the helpers.
             None: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use (read once), but
-            only one thread per 2^17 target elements the batch may read (``(sum(K_r) + R) * V``):
-            waking a helper costs more than a small batch gains.
+            only one thread per 2^19 target elements the batch may read (``(sum(K_r) + R) * V``):
+            a sleeping helper takes 20-50 us to start, longer than a smaller batch lasts.
 
     Returns:
         ``(output_token_ids, num_accepted)``: ``[R, K_max + 1]`` int64 NumPy array (``K_max =

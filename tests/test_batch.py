@@ -188,6 +188,77 @@ def test_concurrent_callers_and_a_forked_child():
 
 
 @pytest.mark.emulated
+@pytest.mark.parametrize("spin_ns", [0, None, 2 * 10**7], ids=["sleep at once", "default spin", "spin 20 ms"])
+def test_same_results_whatever_the_threads_the_repeats_and_the_pauses(spin_ns):
+    # The helper found asleep, spinning or busy with the previous job (back-to-back calls, calls
+    # after a pause longer than the spin window), on 1-3 threads: every call gives the single-op
+    # answers.  spin 20 ms: the helper never sleeps in the test.
+    import time
+    from specverify import _kernels
+    rng = np.random.default_rng(28)
+    # The last batch's requests last tens of us: a caller that did not wait for a helper's
+    # request in flight would return its output row unwritten.
+    cases = [random_batch(rng, n, v) for n, v in ((0, 700), (1, 700), (2, 700), (40, 700), (12, 30000))]
+    expected = [single_op_results(args) for args in cases]
+    previous = _kernels._pool_spin_ns(spin_ns)
+    try:
+        for call in range(scaled(60, 12)):
+            if call % 5 == 4:
+                time.sleep(0.001)
+            i = call % len(cases)
+            output, accepted = sv.verify_batch(**cases[i], num_threads=1 + call % 3)
+            assert_matches_single_ops(cases[i], output, accepted, expected[i])
+    finally:
+        _kernels._pool_spin_ns(previous)
+
+
+@pytest.mark.parametrize("spin_ns", [0, None], ids=["sleep at once", "default spin"])
+def test_many_python_threads_calling_at_once_never_deadlock(spin_ns):
+    # Eight Python threads, each calling back to back on 2-3 threads (so calls find the pool
+    # busy, helpers mid-spin or asleep): every call returns, with the single-op answers.
+    import threading
+    from specverify import _kernels
+    rng = np.random.default_rng(29)
+    cases = [random_batch(rng, n, 300) for n in (1, 5, 12, 30)]
+    expected = [single_op_results(args) for args in cases]
+    failures, done = [], []
+
+    def work(i):
+        try:
+            for call in range(scaled(40, 5)):
+                c = (i + call) % len(cases)
+                output, accepted = sv.verify_batch(**cases[c], num_threads=2 + (i + call) % 2)
+                assert_matches_single_ops(cases[c], output, accepted, expected[c])
+            done.append(i)
+        except AssertionError as error:  # pragma: no cover - reported below
+            failures.append(error)
+
+    previous = _kernels._pool_spin_ns(spin_ns)
+    try:
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        _kernels._pool_spin_ns(previous)
+    assert not failures, failures[0]
+    assert sorted(done) == list(range(8)), f"threads {set(range(8)) - set(done)} never returned"
+
+
+def test_pool_probes_see_a_helper_and_read_every_word():
+    from specverify import _kernels
+    assert _kernels._pool_wake_latency_ns(timeout_s=5.0)[0] >= 0   # a helper started the job
+    rng = np.random.default_rng(30)
+    data = (np.uint32(1) << rng.integers(0, 20, 100_003).astype(np.uint32)).astype(np.uint32)
+    data[-1] = np.uint32(1 << 31)   # in the last, partial chunk
+    for threads in (1, 2, 3):
+        ns, bits, helper_chunks = _kernels._pool_read_ns(data, threads, chunk_bytes=4096)
+        assert ns > 0 and 0 <= helper_chunks <= (0 if threads == 1 else 98)
+        assert bits == int(np.bitwise_or.reduce(data)) == (1 << 31) | ((1 << 20) - 1)
+
+
+@pytest.mark.emulated
 def test_batch_equals_the_reference():
     rng = np.random.default_rng(20)
     for case in range(scaled(25, 5)):
@@ -672,3 +743,17 @@ def test_flashinfer_converter_takes_tensors():
     assert isinstance(target, torch.Tensor)
     np.testing.assert_array_equal(target.numpy(), args["target_probs"])
     np.testing.assert_array_equal(tokens, args["draft_tokens"])
+
+
+def test_thread_probe_quick_run(capsys):
+    # tools/thread_probe.py (wake latency, posting cost, 1- vs 2-thread read bandwidth) runs.
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "tools" / "thread_probe.py").exists():
+        pytest.skip("no tools/ in this copy of the tests (e.g. tools/sanitize.sh's scratch tree)")
+    sys.path.insert(0, str(root))
+    from tools import thread_probe
+    assert thread_probe.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "wake latency" in out and "read bandwidth" in out and "helper read" in out
