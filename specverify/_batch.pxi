@@ -161,9 +161,16 @@ cdef extern from *:
 
     static int sv_pool_atfork_registered = 0;
 
-    /* The poll window: set (probes, tests), returns the previous one. */
+    /* The poll window: set (probes, tests), returns the previous one.  Setters take the pool's
+       lock (readers load it atomically): an atomic exchange would compile, on aarch64, to a
+       call into libgcc's outline atomics, whose LSE path the Cortex-A72 proof rejects. */
     static long long sv_pool_exchange_spin_ns(long long spin_ns) {
-        return __atomic_exchange_n(&sv_pool.spin_ns, spin_ns, __ATOMIC_RELAXED);
+        long long previous;
+        pthread_mutex_lock(&sv_pool.lock);
+        previous = sv_pool.spin_ns;
+        __atomic_store_n(&sv_pool.spin_ns, spin_ns, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&sv_pool.lock);
+        return previous;
     }
 
     static long long sv_now_ns(void) {

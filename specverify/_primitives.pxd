@@ -187,6 +187,14 @@ cdef extern from *:
     #define SV_WIDE_LANE_SUM 1
     #include <immintrin.h>
     typedef unsigned int sv_u32x16 __attribute__((vector_size(64)));
+    /* One 256-byte step x[0:64] into four vectors, each pinned in its register. */
+    #define SV_LOAD_STEP(x, v0, v1, v2, v3) do {                          \
+            memcpy(&(v0), (x), 64);                                          \
+            memcpy(&(v1), (x) + 16, 64);                                     \
+            memcpy(&(v2), (x) + 32, 64);                                     \
+            memcpy(&(v3), (x) + 48, 64);                                     \
+            __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));            \
+        } while (0)
     static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
         sv_f32x16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, v0, v1, v2, v3;
         sv_u32x16 bits;
@@ -194,11 +202,7 @@ cdef extern from *:
         Py_ssize_t step;
         memcpy(&bits, signs, 64);
         for (step = 0; step < steps; step++) {
-            memcpy(&v0, x + 64 * step, 64);
-            memcpy(&v1, x + 64 * step + 16, 64);
-            memcpy(&v2, x + 64 * step + 32, 64);
-            memcpy(&v3, x + 64 * step + 48, 64);
-            __asm__("" : "+v"(v0), "+v"(v1), "+v"(v2), "+v"(v3));
+            SV_LOAD_STEP(x + 64 * step, v0, v1, v2, v3);
             s0 += v0; s1 += v1; s2 += v2; s3 += v3;   /* lanes 0-15, 16-31, 32-47, 48-63 */
             bits |= ((sv_u32x16) v0 | (sv_u32x16) v1) | ((sv_u32x16) v2 | (sv_u32x16) v3);
         }
@@ -226,16 +230,8 @@ cdef extern from *:
         Py_ssize_t step;
         memcpy(&bits, signs, 64);
         for (step = 0; step < steps; step++) {
-            memcpy(&p0, p + 64 * step, 64);
-            memcpy(&p1, p + 64 * step + 16, 64);
-            memcpy(&p2, p + 64 * step + 32, 64);
-            memcpy(&p3, p + 64 * step + 48, 64);
-            memcpy(&q0, q + 64 * step, 64);
-            memcpy(&q1, q + 64 * step + 16, 64);
-            memcpy(&q2, q + 64 * step + 32, 64);
-            memcpy(&q3, q + 64 * step + 48, 64);
-            __asm__("" : "+v"(p0), "+v"(p1), "+v"(p2), "+v"(p3));
-            __asm__("" : "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
+            SV_LOAD_STEP(p + 64 * step, p0, p1, p2, p3);
+            SV_LOAD_STEP(q + 64 * step, q0, q1, q2, q3);
             sp0 += p0; sp1 += p1; sp2 += p2; sp3 += p3;
             sq0 += q0; sq1 += q1; sq2 += q2; sq3 += q3;
             if (scaled) {

@@ -12,8 +12,9 @@
 # children and a draft law is given, its draft row) in one ``_row_mass`` pass each; every rejected
 # child then costs one pass over the position's target and draft rows (the next residual's block
 # sums), except a first child whose test looks lost beforehand (u q(t) >= p(t)): its residual is
-# summed in the masses' pass (``_row_pair_masses``); a masked row (children removed) re-sums only the blocks holding removed tokens; a draw
-# scans one block.  Rows of positions never reached, and leaves' draft rows, are not read.
+# summed in the masses' pass (``_row_pair_masses``).  A masked row (children removed) re-sums
+# only the blocks holding removed tokens; a draw scans one block.  Rows of positions never
+# reached, and leaves' draft rows, are not read.
 
 from libc.string cimport memcpy
 

@@ -18,15 +18,15 @@
 #
 # Environment
 #   PYTHON                     Python with the project's requirements (default: python)
-#   SPECVERIFY_SANITIZE_TESTS  test files to run (default: the chain, block, tree, batch and warp ops, decoder,
-#                              reliability and fuzz tests)
+#   SPECVERIFY_SANITIZE_TESTS  test files to run (default: the numeric contract, the chain, block, tree, batch and
+#                              warp ops, decoder, reliability and fuzz tests)
 #   SPECVERIFY_FUZZ_PROFILE    hypothesis profile of the fuzz sample (default: sanitize)
 #   SPECVERIFY_KEEP=1          keep the scratch directory (printed at the end)
 set -euo pipefail
 export LC_ALL=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 MPLBACKEND=Agg
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python}
-TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/test_ops_validation.py tests/test_ops_reference.py tests/test_block_ops.py tests/test_tree_ops.py tests/test_batch.py tests/test_warp.py tests/test_decoder.py tests/test_reliability.py tests/test_fuzz.py}
+TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/test_ops_validation.py tests/test_ops_reference.py tests/test_numeric_contract.py tests/test_block_ops.py tests/test_tree_ops.py tests/test_batch.py tests/test_warp.py tests/test_decoder.py tests/test_reliability.py tests/test_fuzz.py}
 START=$SECONDS
 log() { printf '[sanitize %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
