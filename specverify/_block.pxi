@@ -9,9 +9,10 @@
 # Reads: one fused pass (mass + validation) over every target row 0..K and draft row 0..K-1, in
 # order, whatever the uniforms (so a bad row always raises); then residual passes over row pairs
 # K-1, K-2, ... only as far down as the decision needs (down to tau; none when coin K passes; each
-# pass's block sums serve the final draw when it decides tau).  The forward pass also sums each
-# row pair's residual at ratio 1 / p_i, which is its ratio when P_i / Q_i snaps to 1 (rows
-# normalized alike): then no residual pass is needed at all.  The final draw scans one block.
+# pass's block sums serve the final draw when it decides tau).  When coin K looks set to fail
+# (``_rows_needing_residuals``), the forward pass also sums the residuals of the rows the rule may
+# read, at ratio 1 / p_i, which is their ratio when P_i / Q_i snaps to 1 (rows normalized alike):
+# then no row is read twice.  The final draw scans one block.
 #
 
 cdef int _accept_block(const float* target, Py_ssize_t target_stride, const float* draft,
