@@ -86,10 +86,8 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
             free(memory)
             return status
         if i < k:
-            # p_{i+1} = min(1, c / d), c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step)
-            c = survival[i] * (<double> p[t] * q_mass[i])
-            d = (<double> q[t] if q != NULL else 1.0) * p_mass[i]
-            survival[i + 1] = 0.0 if c == 0.0 else (1.0 if c >= d else c / d)
+            survival[i + 1] = _survival_step(survival[i], p[t], q[t] if q != NULL else 1.0,
+                                             p_mass[i], q_mass[i], &c, &d)
 
     # tau: the largest i whose coin passes.  Coin K: u < p_K, tested as accept tests it.
     tau = k
@@ -134,6 +132,15 @@ cdef int _accept_block(const float* target, Py_ssize_t target_stride, const floa
     return OK
 
 
+cdef inline double _survival_step(double survival, double p_t, double q_t, double p_mass,
+                                  double q_mass, double* c, double* d) noexcept nogil:
+    """p_{i+1} = min(1, c / d) with c = p_i * (p_t * Q), d = q_t * P (reference.block_survival_step):
+    0 when c == 0, 1 when c >= d; c and d are kept for coin K's test (u * d < c)."""
+    c[0] = survival * (p_t * q_mass)
+    d[0] = q_t * p_mass
+    return 0.0 if c[0] == 0.0 else (1.0 if c[0] >= d[0] else c[0] / d[0])
+
+
 cdef inline Py_ssize_t _rows_needing_residuals(const float* target, Py_ssize_t target_stride,
                                                const float* draft, Py_ssize_t draft_stride,
                                                const int64_t* tokens, Py_ssize_t k,
@@ -143,7 +150,7 @@ cdef inline Py_ssize_t _rows_needing_residuals(const float* target, Py_ssize_t t
     looks set to pass (u < p_K: no residual is read then); else rows m..K-1, m the last row with
     p_i = 1 (tau >= m, so rows below m are never needed; the rule reads the others' residuals
     whenever the coins above them fail).  A wrong guess costs time, never bits."""
-    cdef double predicted = 1.0, p_t, q_t
+    cdef double predicted = 1.0, c, d
     cdef Py_ssize_t i, t, last_certain = 0
     if draft == NULL or k == 0:
         return k
@@ -151,14 +158,8 @@ cdef inline Py_ssize_t _rows_needing_residuals(const float* target, Py_ssize_t t
         if predicted >= 1.0:
             last_certain = i
         t = tokens[i]  # checked against V by the entry
-        p_t = target[i * target_stride + t]
-        q_t = draft[i * draft_stride + t]
-        if not p_t > 0.0:
-            predicted = 0.0
-        elif predicted * p_t >= q_t:
-            predicted = 1.0
-        else:
-            predicted = predicted * p_t / q_t
+        predicted = _survival_step(predicted, target[i * target_stride + t],
+                                   draft[i * draft_stride + t], 1.0, 1.0, &c, &d)
     if last_coin < predicted:
         return k
     return last_certain
