@@ -5,6 +5,7 @@
 on the same chat prompts (copy / edit prompts, where prompt lookup shines, and an open-ended one):
 
 - ``hf_greedy``            plain ``model.generate(do_sample=False)``
+- ``hf_greedy_torchlinears`` the same with torch's own ``nn.Linear`` forwards (see ``--linears``)
 - ``hf_prompt_lookup``     HF's prompt lookup, ``generate(prompt_lookup_num_tokens=k)``, greedy
 - ``hf_assisted_ee``       HF's assisted generation with the early-exit draft, greedy
 - ``sv_greedy_lookup``     specverify greedy, prompt-lookup draft
@@ -12,13 +13,20 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``sv_greedy_ee``         specverify greedy, early-exit draft (first N layers + norm + lm_head)
 - ``sv_greedy_ee_tree``    specverify greedy, early-exit top-k tree (EAGLE-2-style reranking)
 - ``hf_sample``            plain ``generate(do_sample=True)`` with the same warping
+- ``hf_sample_torchlinears`` the same with torch's own ``nn.Linear`` forwards
 - ``sv_sample_lookup``     specverify sampling, prompt-lookup draft (``accept(p, None, t)``)
 - ``sv_sample_lookup_tree`` specverify sampling, prompt-lookup tree (``accept_tree(p, None, t, parents)``)
 - ``sv_sample_ee``         specverify sampling, early-exit draft
 - ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
                            more tokens per target pass from the same stochastic draft
 
-and reports tokens/s, tokens per target pass ("per round"), acceptance and the time split
+By default (``--linears specverify``) the model's linear layers run on :func:`specverify.linear`
+(:func:`~specverify.integrations.transformers.use_fast_linears`), for every config alike, plain
+``generate`` included: torch's CPU matmul reads the weights once per token for a few tokens, so a
+pass scoring K + 1 tokens cost 1.6-2x a one-token pass.  The ``*_torchlinears`` configs measure
+plain ``generate`` with torch's layers beside it; ``--linears torch`` runs everything on them.
+
+It reports tokens/s, tokens per target pass ("per round"), acceptance and the time split
 (draft / target / verify / other), and whether greedy output equals ``hf_greedy``'s. Results go to
 ``results/real_model/real_model.csv`` (with ``meta.json``: versions, git revision, machine load);
 :func:`plot` redraws ``media/real_model.png`` from that CSV only (``--plot-only``).
@@ -69,10 +77,10 @@ PROMPTS = {
     ),
     "open": "Write a short story about a robot who learns to paint.",
 }
-CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
-           "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "sv_sample_lookup", "sv_sample_lookup_tree",
+CONFIGS = ["hf_greedy", "hf_greedy_torchlinears", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
+           "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "hf_sample_torchlinears", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
-FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "temperature", "top_k", "top_p", "k", "node_budget",
+FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "linears", "temperature", "top_k", "top_p", "k", "node_budget",
           "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
           "other_s", "verify_share", "same_as_generate"]
@@ -81,6 +89,7 @@ WARP_PAIRS = [("hf_sample", "hf_sample_svwarp"), ("sv_sample_lookup_torchwarp", 
               ("sv_sample_ee_torchwarp", "sv_sample_ee")]
 WARP_CONFIGS = [c for pair in WARP_PAIRS for c in pair]
 TORCH_WARP = "_torchwarp"  # config suffix: the same config with the sort-based torch warp
+TORCH_LINEARS = "_torchlinears"  # config suffix: the same config with torch's own nn.Linear forwards
 WARP_CSV = "warp_compare.csv"
 SWEEP_CSV = "tree_sweep.csv"
 PASSES_CSV = "tree_passes.csv"
@@ -90,10 +99,25 @@ PASS_FIELDS = ["prompt", "node_budget", "nodes", "seconds"]
 
 
 def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, top_p=1.0, seed=0,
-                k_tree=12, node_budget=16, ee_node_budget=8):
+                k_tree=12, node_budget=16, ee_node_budget=8, linears="specverify"):
     return dict(max_new=max_new, k_lookup=k_lookup, k_ee=k_ee, ee_layers=ee_layers,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, k_tree=k_tree,
-                node_budget=node_budget, ee_node_budget=ee_node_budget)
+                node_budget=node_budget, ee_node_budget=ee_node_budget, linears=linears)
+
+
+class _TorchLinears:
+    """For the duration of a ``with`` block, the model's linear layers use torch's own forward
+    (undoing ``use_fast_linears`` on them, then redoing it)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        self.switched = [(m, m.__dict__.pop("forward")) for m in self.model.modules() if "forward" in m.__dict__]
+
+    def __exit__(self, *exc):
+        for module, forward in self.switched:
+            module.forward = forward
 
 
 def _torch_warp_sampling(sampling):
@@ -140,10 +164,14 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
 
     eos = tokenizer.eos_token_id
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
+    if config.endswith(TORCH_LINEARS):
+        with _TorchLinears(model):
+            row = run_one(config[:-len(TORCH_LINEARS)], prompt_ids, model, tokenizer, draft_model, p, passes)
+        return dict(row, config=config, linears="torch")
     name, torch_warp = (config[:-len(TORCH_WARP)], True) if config.endswith(TORCH_WARP) else (config, False)
     tree = name.endswith("_tree")
     mode = "sample" if "sample" in config else "greedy"
-    row = dict(config=config, mode=mode, **(sample if mode == "sample" else {}),
+    row = dict(config=config, mode=mode, linears=p["linears"], **(sample if mode == "sample" else {}),
                warp="" if mode == "greedy" else ("torch" if torch_warp else "transformers" if name == "hf_sample"
                                                  else "specverify"),
                draft="lookup" if "lookup" in config else ("early_exit_%d" % p["ee_layers"] if "ee" in config else ""),
@@ -255,10 +283,12 @@ def _load(params, prompts, log):
     import torch
 
     from specverify.integrations import smollm2
-    from specverify.integrations.transformers import early_exit
+    from specverify.integrations.transformers import early_exit, use_fast_linears
 
     t0 = time.perf_counter()
     model, tokenizer = smollm2.load(log=log)
+    if params["linears"] == "specverify":
+        use_fast_linears(model)  # the early-exit draft shares these layers
     log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads, "
         f"attention {model.config._attn_implementation})")
     draft_model = early_exit(model, params["ee_layers"])
@@ -574,6 +604,9 @@ def main(argv=None):
                     help="sampling with the torch / transformers warping vs specverify's (WARP_PAIRS) "
                          "instead of the config table; use with --top-p 0.9 --top-k 0")
     ap.add_argument("--repeats", type=int, default=1, help="runs of every (prompt, config), interleaved")
+    ap.add_argument("--linears", choices=["specverify", "torch"], default="specverify",
+                    help="the model's nn.Linear layers: specverify.linear (use_fast_linears) or torch's; "
+                         "the *_torchlinears configs use torch's either way")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--tree-sweep", action="store_true", help="the node-budget sweep instead of the config table")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
@@ -593,7 +626,8 @@ def main(argv=None):
             torch.set_num_threads(args.threads)
         params = make_params(max_new=args.max_new, k_lookup=args.k_lookup, k_ee=args.k_ee, ee_layers=args.ee_layers,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             k_tree=args.k_tree, node_budget=args.node_budget, ee_node_budget=args.ee_node_budget)
+                             k_tree=args.k_tree, node_budget=args.node_budget, ee_node_budget=args.ee_node_budget,
+                             linears=args.linears)
         prompts = {n: PROMPTS[n] for n in args.prompts.split(",") if n}
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if args.warp_compare:

@@ -16,8 +16,8 @@ that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/veri
 from . import batch, law, reference, reference_tree, reference_warp, stats
 from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
                   accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
-                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, verify_batch,
-                  verify_greedy, verify_tree_greedy, warp)
+                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, linear,
+                  verify_batch, verify_greedy, verify_tree_greedy, warp)
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,7 @@ __all__ = [
     "accept_logits_from_uniforms",
     "accept_block_logits",
     "accept_block_logits_from_uniforms",
+    "linear",
     "SpeculativeDecoder",
     "law",
     "reference",

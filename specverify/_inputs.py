@@ -139,6 +139,47 @@ def warp_arrays(logits, out):
     return rows, _writable_rows(out_rows, rows.shape), out
 
 
+def _float32_operand(x, name, ndims, what):
+    """A float32 operand of ``linear`` as a C-contiguous ndarray (a view of a CPU tensor's or an
+    array's memory where possible, else a converted copy); other float dtypes are converted."""
+    x = plain_tensor(x, name).numpy() if is_tensor(x) else plain_array(x, name, what)
+    if x.dtype.kind != "f":
+        raise TypeError(f"{name} must hold floating-point numbers (float32 preferred), got dtype {x.dtype}")
+    if x.ndim not in ndims:
+        raise ValueError(f"{name} must be {what}, got shape {_shape_text(x.shape)}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def linear_arrays(x, weight, bias, out):
+    """``linear``'s arguments off the fast path: ``(rows, weight, bias, target, result)``, with
+    ``rows`` the validated x as C-contiguous float32 ``[n, in]``, ``weight`` ``[out, in]`` and
+    ``bias`` ``[out]`` (or None) likewise, ``target`` the writable C-contiguous float32
+    ``[n, out]`` ndarray the kernel writes (out's memory, or a new array) and ``result`` what
+    ``linear`` returns: ``out``, else a new array of x's kind (a tensor if x is one)."""
+    torch = loaded_torch()
+    x_is_tensor = is_tensor(x)
+    rows = _float32_operand(x, "x", (1, 2), "a [n, in] or [in] float array or tensor")
+    one_row = rows.ndim == 1
+    rows = rows[None, :] if one_row else rows
+    weight = _float32_operand(weight, "weight", (2,), "a 2-D [out, in] float array or tensor")
+    if weight.shape[1] != rows.shape[1]:
+        raise ValueError(f"weight must have in = {rows.shape[1]} columns like x, got shape {_shape_text(weight.shape)}")
+    if bias is not None:
+        bias = _float32_operand(bias, "bias", (1,), "a 1-D [out] float array or tensor")
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias must have out = {weight.shape[0]} entries like weight, got shape {_shape_text(bias.shape)}")
+    shape = (rows.shape[0], weight.shape[0])
+    if out is None:
+        if x_is_tensor:
+            result = torch.empty(shape, dtype=torch.float32)
+            target = result.numpy()
+        else:
+            result = target = np.empty(shape, dtype=np.float32)
+        return rows, weight, bias, target, result[0] if one_row else result
+    out_rows = out[None, :] if one_row and getattr(out, "ndim", 0) == 1 else out
+    return rows, weight, bias, _writable_rows(out_rows, shape), out
+
+
 def _writable_rows(out, shape):
     """out as a writable C-contiguous float32 ndarray of ``shape`` (a view, never a copy)."""
     if is_tensor(out):

@@ -8,7 +8,8 @@
 - one ``_<family>.pxi`` per op family (``_chain.pxi``: ``verify_greedy`` and ``accept``;
   ``_tree.pxi``: ``verify_tree_greedy`` and ``accept_tree``; ``_block.pxi``: ``accept_block``;
   ``_batch.pxi``: ``verify_batch``;
-  ``_warp.pxi``: ``warp`` and ``accept_logits``), holding its nogil kernels and its entry points.
+  ``_warp.pxi``: ``warp`` and ``accept_logits``; ``_linear.pxi``: ``linear``, the target's
+  multi-token pass), holding its nogil kernels and its entry points.
 
 A new op family is a new ``.pxi`` included below, built from the primitives.  The families share
 one extension module rather than one each: Cython links separate modules through imports by
@@ -38,6 +39,7 @@ include "_tree.pxi"
 include "_block.pxi"
 include "_batch.pxi"
 include "_warp.pxi"
+include "_linear.pxi"
 
 
 def block_size():

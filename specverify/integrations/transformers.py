@@ -28,6 +28,10 @@ Pieces:
   lookup decoding"), verified with ``sv.accept(target_probs, None, tokens, generator)``.
 - :func:`early_exit`: a draft model made of the target's first N decoder layers plus its final
   norm and ``lm_head``, sharing the weights (no copy).
+- :func:`use_fast_linears`: a model's ``nn.Linear`` layers computed by :func:`specverify.linear`,
+  which reads the weights once per call whatever the number of tokens (torch's CPU matmul reads
+  them once per token for a few tokens): the multi-token passes that score drafts, and plain
+  decoding's one-token passes, get cheaper.
 
 Example::
 
@@ -63,6 +67,8 @@ __all__ = [
     "PromptLookupTreeDraft",
     "CausalLMTreeDraft",
     "early_exit",
+    "use_fast_linears",
+    "FastLinears",
     "speculative_callbacks",
 ]
 
@@ -653,6 +659,63 @@ class CausalLMTreeDraft:
         index = {c: i for i, c in enumerate(order)}
         return DraftTree(torch.tensor([tokens[c] for c in order], dtype=torch.int64),
                          torch.tensor([index.get(parents[c], -1) for c in order], dtype=torch.int64))
+
+
+# -- the target's linear layers --------------------------------------------------------------
+def _fast_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """``nn.Linear.forward`` through :func:`specverify.linear` when no gradient is wanted."""
+    if (x.dtype != torch.float32 or x.device.type != "cpu"
+            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    bias = None if self.bias is None else self.bias.detach()
+    return ops.linear(x, self.weight.detach(), bias)
+
+
+class FastLinears:
+    """The layers :func:`use_fast_linears` switched; ``restore()`` (or leaving the ``with``
+    block) gives them back their own ``forward``."""
+
+    def __init__(self, modules: List[torch.nn.Linear]):
+        self.modules = modules
+
+    def restore(self) -> None:
+        for module in self.modules:
+            module.__dict__.pop("forward", None)
+        self.modules = []
+
+    def __enter__(self) -> "FastLinears":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+def use_fast_linears(model: torch.nn.Module) -> FastLinears:
+    """Compute ``model``'s float32 CPU ``nn.Linear`` layers with :func:`specverify.linear`.
+
+    Why: for the 1-17 tokens a decoding step feeds, torch's CPU matmul (2.13, one thread) reads
+    a layer's weights once per token: SmolLM2-135M's 49152 x 576 output layer takes 9.5 ms for
+    one token and 16-24 ms for 2-16, so a target pass scoring K + 1 drafts costs 1.6-2x a
+    one-token pass.  ``specverify.linear`` reads them once per call.
+
+    What changes: each output is summed in ``linear``'s fixed order, the same bits whether a
+    token is scored alone or in a tree, but not the bits of torch's own matmul; compare a
+    speculative decoder with plain ``generate`` on the same switched model.  Only instances of
+    ``nn.Linear`` itself with float32 CPU weights are switched (subclasses, quantized or other
+    layers keep theirs), and only under ``torch.no_grad()`` or for inputs and weights that need
+    no gradient: training goes through torch.
+
+    Returns:
+        a :class:`FastLinears` handle: ``restore()`` undoes the switch (also a context manager).
+    """
+    switched = []
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu" and "forward" not in module.__dict__
+                and (module.bias is None or module.bias.dtype == torch.float32)):
+            module.forward = _fast_linear_forward.__get__(module)
+            switched.append(module)
+    return FastLinears(switched)
 
 
 # -- drafts made from the target ---------------------------------------------------------------

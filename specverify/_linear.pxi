@@ -1,0 +1,214 @@
+# Linear layers for the target's multi-token pass (included by _kernels.pyx): linear.
+#
+# y[m, o] = sum_k x[m, k] * w[o, k] (+ bias[o]) for the few rows (1-17) a speculative round
+# scores.  torch's CPU matmul reads the weight matrix once per row for such shapes (a 49152 x 576
+# output layer: 9.5 ms for one row, 16-24 ms for 2-16 rows with torch 2.13, one thread), so a
+# target pass that scores K + 1 tokens costs 1.6-2x a one-token pass.  Here the weights are read
+# from memory once per call, whatever the row count.
+#
+# Summation order (the contract ``reference.linear`` restates): k is padded with zeros to a
+# multiple of 16; lane l (0..15) of an accumulator that starts at +0.0 adds the products
+# x[m, k] * w[o, k] for k = l, l + 16, l + 32, ... in increasing k, each product rounded to
+# float32 on its own (no fused multiply-add: -ffp-contract=off); the 16 lanes are then added as a
+# fixed tree (lane i + lane i+8, then i + i+4, i + i+2, i + i+1), and the bias last.  The order
+# does not depend on the row count, on which rows share a call, or on the ISA: a token's output
+# is the same bits whether it is scored alone or in a tree of 16 (GCC's generic vectors lower the
+# 16 lanes to one AVX-512 register, two AVX2 registers or four NEON registers).
+#
+# Loop structure (speed only; the bits are those of the order above): the weight rows are walked
+# in tiles of four.  With at most PAIR_ROWS rows of x, each (weight row, x row) pair is one dot
+# product, which re-reads the weight row from L1; with more, 4 x 4 blocks of 16 accumulators
+# do a quarter of the loads, and the next tile's weight rows are prefetched, because the
+# hardware prefetcher alone does not keep enough lines in flight while the tile computes.
+
+cdef extern from *:
+    """
+    #include <string.h>
+    typedef float sv_f32x16 __attribute__((vector_size(64)));
+    typedef int32_t sv_i32x16 __attribute__((vector_size(64)));
+    #define SV_PAIR_ROWS 2
+    #define SV_PREFETCH_TILES 4  /* how far ahead the weight rows are prefetched, in tiles */
+    #define SV_TILE 4
+
+    static inline sv_f32x16 sv_load16(const float* p) {
+        sv_f32x16 v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+
+    /* The last k % 16 elements of a row, zero-padded to 16. */
+    static inline sv_f32x16 sv_load_tail(const float* p, Py_ssize_t tail) {
+        float lanes[16] = {0};
+        memcpy(lanes, p, (size_t) tail * sizeof(float));
+        return sv_load16(lanes);
+    }
+
+    /* (l0 + l8), then + 4, + 2, + 1 apart: lane 0 ends with the sum (shuffles, not a store and
+       16 scalar loads, which stall on store forwarding). */
+    static inline float sv_lane_tree16(sv_f32x16 a) {
+        a = a + __builtin_shuffle(a, (sv_i32x16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+        a = a + __builtin_shuffle(a, (sv_i32x16){4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15});
+        a = a + __builtin_shuffle(a, (sv_i32x16){2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+        a = a + __builtin_shuffle(a, (sv_i32x16){1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+        return a[0];
+    }
+
+    static inline float sv_dot16(const float* x, const float* w, Py_ssize_t full, Py_ssize_t tail) {
+        sv_f32x16 acc = {0};
+        for (Py_ssize_t k = 0; k < full; k += 16)
+            acc = acc + sv_load16(w + k) * sv_load16(x + k);
+        if (tail)
+            acc = acc + sv_load_tail(w + full, tail) * sv_load_tail(x + full, tail);
+        return sv_lane_tree16(acc);
+    }
+
+    /* Keeps a loaded vector in registers: without it gcc folds each load into the multiply
+       that uses it, and a 4 x 4 step issues 32 loads instead of 8 (load-bound at twice the
+       time).  An empty asm: no instruction, no effect on the values. */
+    #if defined(__x86_64__) || defined(__i386__)
+    #define SV_IN_REGISTER(v) __asm__("" : "+v"(v))
+    #elif defined(__aarch64__)
+    #define SV_IN_REGISTER(v) __asm__("" : "+w"(v))
+    #else
+    #define SV_IN_REGISTER(v) ((void) 0)
+    #endif
+
+    /* One 16-column step of a 4 x 4 tile: acc[a][b] += w row a * x row b. */
+    #define SV_TILE_STEP(load, k)                                                            \
+        do {                                                                                 \
+            sv_f32x16 x0 = load(x[0] + (k), tail), x1 = load(x[1] + (k), tail);              \
+            sv_f32x16 x2 = load(x[2] + (k), tail), x3 = load(x[3] + (k), tail);              \
+            SV_IN_REGISTER(x0); SV_IN_REGISTER(x1); SV_IN_REGISTER(x2); SV_IN_REGISTER(x3);  \
+            for (int a = 0; a < SV_TILE; a++) {                                              \
+                sv_f32x16 wa = load(w + a * w_stride + (k), tail);                           \
+                SV_IN_REGISTER(wa);                                                          \
+                acc[a][0] = acc[a][0] + wa * x0;                                             \
+                acc[a][1] = acc[a][1] + wa * x1;                                             \
+                acc[a][2] = acc[a][2] + wa * x2;                                             \
+                acc[a][3] = acc[a][3] + wa * x3;                                             \
+            }                                                                                \
+        } while (0)
+    #define SV_LOAD_FULL(p, tail) sv_load16(p)
+
+    /* sums[a][b] = dot(w row a, x[b]) for a, b in 0..3: four weight rows against four x rows;
+       w_next (or NULL): a later tile's rows, prefetched meanwhile. */
+    static inline void sv_tile4x4(const float* const x[SV_TILE], const float* w,
+                                  Py_ssize_t w_stride, const float* w_next, Py_ssize_t full,
+                                  Py_ssize_t tail, float sums[SV_TILE][SV_TILE]) {
+        sv_f32x16 acc[SV_TILE][SV_TILE];
+        memset(acc, 0, sizeof acc);
+        for (Py_ssize_t k = 0; k < full; k += 16) {
+            if (w_next)  /* into L2 (locality 2): measured 1.6x faster than into L1 */
+                for (int a = 0; a < SV_TILE; a++)
+                    __builtin_prefetch(w_next + a * w_stride + k, 0, 2);
+            SV_TILE_STEP(SV_LOAD_FULL, k);
+        }
+        if (tail)
+            SV_TILE_STEP(sv_load_tail, full);
+        for (int a = 0; a < SV_TILE; a++)
+            for (int b = 0; b < SV_TILE; b++)
+                sums[a][b] = sv_lane_tree16(acc[a][b]);
+    }
+
+    /* y [n, n_out] (y_stride apart) = x [n, n_in] (x_stride apart) @ w [n_out, n_in]^T (+ bias). */
+    static void sv_linear(const float* x, Py_ssize_t x_stride, Py_ssize_t n, const float* w,
+                          Py_ssize_t w_stride, Py_ssize_t n_out, Py_ssize_t n_in,
+                          const float* bias, float* y, Py_ssize_t y_stride) {
+        Py_ssize_t full = n_in & ~(Py_ssize_t) 15, tail = n_in - full;
+        float sums[SV_TILE][SV_TILE];
+        for (Py_ssize_t o0 = 0; o0 < n_out; o0 += SV_TILE) {
+            Py_ssize_t rows = n_out - o0 < SV_TILE ? n_out - o0 : SV_TILE;
+            const float* w_tile = w + o0 * w_stride;
+            Py_ssize_t m0 = 0;
+            if (n > SV_PAIR_ROWS && rows == SV_TILE) {
+                Py_ssize_t ahead = o0 + (SV_PREFETCH_TILES + 1) * SV_TILE;
+                const float* w_next = ahead <= n_out ? w_tile + SV_PREFETCH_TILES * SV_TILE * w_stride : NULL;
+                for (; m0 < n; m0 += SV_TILE) {
+                    /* A last group of 1-3 rows repeats its last row (computed, not stored):
+                       with the weights coming from memory, a full tile costs about what a
+                       partial one does. */
+                    const float* rows_x[SV_TILE];
+                    int live = n - m0 < SV_TILE ? (int) (n - m0) : SV_TILE;
+                    for (int b = 0; b < SV_TILE; b++)
+                        rows_x[b] = x + (m0 + (b < live ? b : live - 1)) * x_stride;
+                    sv_tile4x4(rows_x, w_tile, w_stride, w_next, full, tail, sums);
+                    for (int b = 0; b < live; b++)
+                        for (int a = 0; a < SV_TILE; a++)
+                            y[(m0 + b) * y_stride + o0 + a] = bias ? sums[a][b] + bias[o0 + a] : sums[a][b];
+                }
+            }
+            for (Py_ssize_t a = 0; a < rows; a++)
+                for (Py_ssize_t m = m0; m < n; m++) {
+                    float s = sv_dot16(x + m * x_stride, w_tile + a * w_stride, full, tail);
+                    y[m * y_stride + o0 + a] = bias ? s + bias[o0 + a] : s;
+                }
+        }
+    }
+    """
+    void sv_linear(const float* x, Py_ssize_t x_stride, Py_ssize_t n, const float* w,
+                   Py_ssize_t w_stride, Py_ssize_t n_out, Py_ssize_t n_in, const float* bias,
+                   float* y, Py_ssize_t y_stride) nogil
+
+
+cdef inline bint _rows_overlap(const Rows* a, const Rows* b) noexcept:
+    """Whether the address ranges of two row sets (row strides >= 0) intersect; empty sets never do."""
+    if a.rows == 0 or a.cols == 0 or b.rows == 0 or b.cols == 0:
+        return False
+    cdef const char* a_end = a.data + 4 * ((a.rows - 1) * a.stride + a.cols)
+    cdef const char* b_end = b.data + 4 * ((b.rows - 1) * b.stride + b.cols)
+    return a.data < b_end and b.data < a_end
+
+
+def linear(x, weight, bias, out):
+    """Kernel entry of ``specverify.linear``: x ``[n, in]`` (or ``[in]``), weight ``[out, in]``,
+    bias ``[out]`` or None, out ``[n, out]`` (or ``[out]``) or None -> out, or a new array of
+    x's kind."""
+    return _linear_entry(x, weight, bias, out, False)
+
+
+cdef object _linear_entry(object x, object weight, object bias, object out, bint converted):
+    """The common case read in C: float32 ndarrays or CPU tensors with unit inner stride and
+    non-negative row strides; out C-contiguous and writable.  Anything else goes through
+    ``_inputs.linear_arrays``, which converts or raises an error naming the argument."""
+    cdef _Held held = _Held()
+    cdef Rows xr, wr, br, yr
+    cdef bint x_vector, w_vector, b_vector, y_vector
+    cdef object result = out
+    cdef const float* bias_data = NULL
+    _torch_seen()
+    if not (_read_float32(x, &xr, held, True, False, &x_vector) and xr.stride >= 0
+            and _read_float32(weight, &wr, held, False, False, &w_vector) and wr.stride >= 0
+            and wr.cols == xr.cols
+            and (bias is None or (_read_float32(bias, &br, held, True, False, &b_vector)
+                                  and b_vector and br.cols == wr.rows))):
+        if converted:
+            _unreadable("x")
+        return _linear_converted(x, weight, bias, out)
+    if out is None:
+        result = (_np_empty(<object> (wr.rows,) if x_vector else (xr.rows, wr.rows), dtype=_np_float32)
+                  if type(x) is _ndarray
+                  else x.new_empty(<object> (wr.rows,) if x_vector else (xr.rows, wr.rows)))
+        if not _read_float32(result, &yr, held, True, True, &y_vector):
+            _unreadable("out")
+    elif not (_read_float32(out, &yr, held, x_vector, True, &y_vector) and yr.rows == xr.rows
+              and yr.cols == wr.rows and (yr.rows <= 1 or yr.stride == yr.cols)
+              and not (type(out) is _tensor and out.requires_grad)):
+        if converted:
+            _unreadable("out")
+        return _linear_converted(x, weight, bias, out)
+    if _rows_overlap(&yr, &xr) or _rows_overlap(&yr, &wr) or (bias is not None and _rows_overlap(&yr, &br)):
+        raise ValueError("out overlaps x, weight or bias: linear cannot write its inputs")
+    if bias is not None:
+        bias_data = <const float*> br.data
+    with nogil:
+        sv_linear(<const float*> xr.data, xr.stride, xr.rows, <const float*> wr.data, wr.stride,
+                  wr.rows, wr.cols, bias_data, <float*> yr.data, yr.cols if yr.rows <= 1 else yr.stride)
+    return result
+
+
+cdef object _linear_converted(object x, object weight, object bias, object out):
+    """The slow road: ``_inputs.linear_arrays`` validates and converts, then the common case
+    takes the C-contiguous float32 ndarrays it returns."""
+    rows, w, b, target, result = _inputs.linear_arrays(x, weight, bias, out)
+    _linear_entry(rows, w, b, target, True)
+    return result
