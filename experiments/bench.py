@@ -32,6 +32,10 @@ timer's own overhead subtracted); passes over the pool of rounds repeat until th
 spent; per round the min and the median over passes are taken, and the reported min and median
 are their means over the pool's rounds (the cost of the realistic mix, robust to preemption).
 
+Further rows, each sweep in its own module: trees (bench_tree.py), batches (bench_batch.py), linear
+layers for the 1-17 rows a target pass scores (bench_linear.py: sv.linear vs torch's F.linear
+against reading the weight matrix once), and warping (run_warp_sweep below).
+
 Outputs (paths below): CSV of every measurement, markdown tables (results + media/bench.md for the
 README), meta JSON (machine, versions, load, settings), and media/bench.png drawn from the CSV only.
 """
@@ -61,7 +65,7 @@ import numpy as np
 import torch
 
 from . import bench_batch, bench_impls as bi
-from . import bench_tree
+from . import bench_linear, bench_tree
 
 # ---------------------------------------------------------------------------------------------
 # Paths and the sweep, as data
@@ -97,8 +101,9 @@ OVERHEAD_V, OVERHEAD_K = 8, 4
 FULL = dict(budget_s=120.0, min_passes=5, max_calls=50000,
             realistic_pool=32, probe_reps=15, probe_budget_s=0.4, probe_min_total=8 << 20,
             overhead_budget_s=1.0, tree_budget_s=40.0, tree_sizes=bench_tree.TREE_SIZES,
-            warp_sizes=(32000, 49152, 128256), warp_rows=8)
+            warp_sizes=(32000, 49152, 128256), warp_rows=8, linear_budget_s=45.0)
 QUICK = dict(budget_s=3.0, min_passes=3, max_calls=2000, warp_sizes=(4096,), warp_rows=2,
+             linear_budget_s=0.5, linear_shapes=bench_linear.QUICK_LINEAR_SHAPES, linear_rows=(1, 4),
              realistic_pool=8, probe_reps=3, probe_budget_s=0.02, probe_min_total=1 << 20,
              overhead_budget_s=0.05, cold_bytes=4 << 20, tree_budget_s=0.5, tree_sizes=((4096, 16),))
 
@@ -714,7 +719,7 @@ def machine_line(meta):
             f"single thread")
 
 
-def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=()):
+def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=(), linear_rows=()):
     load = meta["load_start"], meta["load_end"]
     s = meta["settings"]
     tree = [] if not tree_rows else [
@@ -751,12 +756,14 @@ def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=()):
         "",
         warp_table(warp_rows) if warp_rows else "(not run)",
         "",
+        *([bench_linear.linear_markdown(linear_rows, _fmt, _table, s["cold_bytes"])] if linear_rows else []),
         "Python call overhead (tiny input: the kernel does almost nothing):",
         "",
         overhead_table(overhead),
         "",
         "Rerun: `python -m experiments.bench` (a few minutes; `--quick` for a smoke run). "
-        "Raw numbers: `results/bench/bench.csv`, `tree.csv`, `overhead.csv`, `meta.json`.",
+        "Raw numbers: `results/bench/bench.csv`, `tree.csv`, `warp.csv`, `linear.csv`, `overhead.csv`, "
+        "`meta.json`.",
         "",
     ])
 
@@ -820,6 +827,8 @@ def main(argv=None):
     ap.add_argument("--no-batch", action="store_true", help="skip the verify_batch rows (experiments/bench_batch.py)")
     ap.add_argument("--warp-only", action="store_true",
                     help="only the warping rows (writes warp.csv and prints their table)")
+    ap.add_argument("--linear-only", action="store_true",
+                    help="only the linear-layer rows (writes linear.csv and prints their table)")
     args = ap.parse_args(argv)
 
     if args.plot_only:
@@ -844,16 +853,24 @@ def main(argv=None):
     print(f"machine: {machine_line(meta)}")
     print(f"load: {meta['load_start']}")
     t0 = time.perf_counter()
-    if args.warp_only:
+    if args.warp_only or args.linear_only:
         probe = bi.ReadProbe(settings["cold_bytes"], reps=settings["probe_reps"],
                              budget_s=settings["probe_budget_s"], min_total=settings["probe_min_total"])
-        warp_rows = run_warp_sweep(settings, sv, probe, args.seed)
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        write_csv(args.out_dir / WARP_CSV_NAME, warp_rows, WARP_FIELDS)
-        print(warp_table(warp_rows))
+        if args.warp_only:
+            warp_rows = run_warp_sweep(settings, sv, probe, args.seed)
+            write_csv(args.out_dir / WARP_CSV_NAME, warp_rows, WARP_FIELDS)
+            print(warp_table(warp_rows))
+        if args.linear_only:
+            linear_rows = bench_linear.run_linear_sweep(sv, settings, args.seed, probe, timer_overhead_ns(),
+                                                        time_round_robin)
+            write_csv(args.out_dir / bench_linear.LINEAR_CSV_NAME, linear_rows, bench_linear.LINEAR_CSV_FIELDS)
+            print(bench_linear.linear_table(linear_rows, _fmt, _table))
         return 0
     rows, probe = run_sweep(args.sizes, settings, sv, args.seed)
     warp_rows = run_warp_sweep(settings, sv, probe, args.seed)
+    linear_rows = bench_linear.run_linear_sweep(sv, settings, args.seed, probe, timer_overhead_ns(),
+                                                time_round_robin)
     overhead = measure_overhead(sv, settings, args.seed)
     tree_rows = []
     if sv is not None and hasattr(sv, "accept_tree_from_uniforms"):
@@ -872,11 +889,12 @@ def main(argv=None):
     args.media_dir.mkdir(parents=True, exist_ok=True)
     write_csv(args.out_dir / CSV_NAME, rows, CSV_FIELDS)
     write_csv(args.out_dir / WARP_CSV_NAME, warp_rows, WARP_FIELDS)
+    write_csv(args.out_dir / bench_linear.LINEAR_CSV_NAME, linear_rows, bench_linear.LINEAR_CSV_FIELDS)
     write_csv(args.out_dir / OVERHEAD_CSV_NAME, overhead, ("call", "V", "K", "min_us", "median_us",
                                                             "calls"))
     write_csv(args.out_dir / bench_tree.TREE_CSV_NAME, tree_rows, bench_tree.TREE_CSV_FIELDS)
     (args.out_dir / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
-    report = markdown_report(rows, overhead, meta, tree_rows, warp_rows)
+    report = markdown_report(rows, overhead, meta, tree_rows, warp_rows, linear_rows)
     if batch is not None:
         bench_batch.write(args.out_dir, *batch)
         report += "\n" + bench_batch.markdown(*batch, meta)

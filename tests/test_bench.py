@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from experiments import bench, bench_impls as bi, bench_tree  # noqa: E402
+from experiments import bench, bench_impls as bi, bench_linear, bench_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = ((512, 2), (256, 3))
@@ -78,6 +78,41 @@ def test_csv_structure(quick_run):
             assert r["floor_method"]
         else:
             assert int(r["passes"]) >= 1 and int(r["calls"]) >= int(r["rounds"])
+
+
+def test_linear_rows(quick_run):
+    out, stdout = quick_run
+    rows = bench.read_csv(out / "results" / bench_linear.LINEAR_CSV_NAME)
+    assert tuple(rows[0].keys()) == bench_linear.LINEAR_CSV_FIELDS
+    shapes = bench.QUICK["linear_shapes"]
+    try:
+        import specverify
+        impls = ("specverify", "torch", "floor") if hasattr(specverify, "linear") else ("torch", "floor")
+    except ImportError:
+        impls = ("torch", "floor")
+    assert {(r["layer"], int(r["out"]), int(r["in"]), int(r["n"]), r["cache"], r["impl"]) for r in rows} == {
+        (layer, n_out, n_in, n, cache, impl) for layer, n_out, n_in, caches in shapes
+        for n in bench.QUICK["linear_rows"] for cache in caches for impl in impls}
+    for r in rows:
+        nbytes = int(r["out"]) * int(r["in"]) * 4
+        assert int(r["bytes"]) == nbytes and r["floor_method"]
+        assert int(r["copies"]) == bench_linear.weight_copies(r["cache"], nbytes, 1 << 20)   # --cold-bytes
+        assert 0 < float(r["min_us"]) <= float(r["median_us"])
+        assert float(r["ratio_to_floor_min"]) > 0 and float(r["speedup_vs_torch"]) > 0
+        if r["impl"] != "floor":
+            assert int(r["calls"]) >= int(r["copies"])
+    assert "Linear layers" in stdout and "| layer" in (out / "media" / "bench.md").read_text()
+
+
+def test_linear_weight_copies_and_floor():
+    assert bench_linear.weight_copies("warm", 1 << 20, 64 << 20) == 1
+    assert bench_linear.weight_copies("cold", 3 << 20, 64 << 20) == 22      # 66 MiB of distinct weights
+    assert bench_linear.weight_copies("cold", 108 << 20, 64 << 20) == 1     # alone beyond the caches
+    probe = bi.ReadProbe(1 << 20, reps=2, budget_s=0.01, min_total=1 << 16)
+    ns, method = bench_linear.weight_floor_ns(probe, "cold", 4 << 20)      # beyond the probe's region
+    assert method.endswith("at 1 MiB") and ns == pytest.approx(4 * probe.floor_ns("cold", 1 << 20))
+    ns, method = bench_linear.weight_floor_ns(probe, "warm", 1 << 16)
+    assert method in probe.reductions and ns == probe.floor_ns("warm", 1 << 16)
 
 
 def test_tree_rows(quick_run):
