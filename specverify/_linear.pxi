@@ -16,17 +16,20 @@
 # 16 lanes to one AVX-512 register, two AVX2 registers or four NEON registers).
 #
 # Loop structure (speed only; the bits are those of the order above): the weight rows are walked
-# in tiles of four.  With at most PAIR_ROWS rows of x, each (weight row, x row) pair is one dot
-# product, which re-reads the weight row from L1; with more, 4 x 4 blocks of 16 accumulators
-# do a quarter of the loads, and the next tile's weight rows are prefetched, because the
-# hardware prefetcher alone does not keep enough lines in flight while the tile computes.
+# in tiles of four, each against the rows of x in groups of up to four (4 x 4 accumulators: a
+# quarter of the loads of one dot product at a time; up to SV_DOT_ROWS rows of x are plain dot
+# products, weight row after weight row), while the weight rows SV_PREFETCH_TILES
+# tiles ahead are prefetched into L2: while a tile computes, the hardware prefetcher alone keeps
+# too few lines in flight (without the prefetch the tiles ran at half the read bandwidth).  The
+# last n_out % 4 weight rows are single dot products.  From about 6 rows of x on, the multiplies
+# and adds (16 + 16 per cycle with AVX-512 on Zen 4), not the reads, bound the time.
 
 cdef extern from *:
     """
     #include <string.h>
     typedef float sv_f32x16 __attribute__((vector_size(64)));
     typedef int32_t sv_i32x16 __attribute__((vector_size(64)));
-    #define SV_PAIR_ROWS 2
+    #define SV_DOT_ROWS 2  /* up to this many rows of x: dot products, not tiles */
     #define SV_PREFETCH_TILES 4  /* how far ahead the weight rows are prefetched, in tiles */
     #define SV_TILE 4
 
@@ -73,28 +76,29 @@ cdef extern from *:
     #define SV_IN_REGISTER(v) ((void) 0)
     #endif
 
-    /* One 16-column step of a 4 x 4 tile: acc[a][b] += w row a * x row b. */
+    /* One 16-column step of a tile: acc[a][b] += w row a * x row b, for b < live. */
     #define SV_TILE_STEP(load, k)                                                            \
         do {                                                                                 \
-            sv_f32x16 x0 = load(x[0] + (k), tail), x1 = load(x[1] + (k), tail);              \
-            sv_f32x16 x2 = load(x[2] + (k), tail), x3 = load(x[3] + (k), tail);              \
-            SV_IN_REGISTER(x0); SV_IN_REGISTER(x1); SV_IN_REGISTER(x2); SV_IN_REGISTER(x3);  \
+            sv_f32x16 xs[SV_TILE];                                                           \
+            for (int b = 0; b < live; b++) {                                                 \
+                xs[b] = load(x[b] + (k), tail);                                              \
+                SV_IN_REGISTER(xs[b]);                                                       \
+            }                                                                                \
             for (int a = 0; a < SV_TILE; a++) {                                              \
                 sv_f32x16 wa = load(w + a * w_stride + (k), tail);                           \
                 SV_IN_REGISTER(wa);                                                          \
-                acc[a][0] = acc[a][0] + wa * x0;                                             \
-                acc[a][1] = acc[a][1] + wa * x1;                                             \
-                acc[a][2] = acc[a][2] + wa * x2;                                             \
-                acc[a][3] = acc[a][3] + wa * x3;                                             \
+                for (int b = 0; b < live; b++)                                               \
+                    acc[a][b] = acc[a][b] + wa * xs[b];                                      \
             }                                                                                \
         } while (0)
     #define SV_LOAD_FULL(p, tail) sv_load16(p)
 
-    /* sums[a][b] = dot(w row a, x[b]) for a, b in 0..3: four weight rows against four x rows;
-       w_next (or NULL): a later tile's rows, prefetched meanwhile. */
-    static inline void sv_tile4x4(const float* const x[SV_TILE], const float* w,
-                                  Py_ssize_t w_stride, const float* w_next, Py_ssize_t full,
-                                  Py_ssize_t tail, float sums[SV_TILE][SV_TILE]) {
+    /* sums[a][b] = dot(w row a, x[b]) for a in 0..3, b < live (1..4): four weight rows against
+       live x rows; w_next (or NULL): a later tile's rows, prefetched meanwhile.  Always inlined
+       with a constant live, so each width gets its own fully unrolled loop. */
+    static inline __attribute__((always_inline)) void sv_tile(
+            const float* const x[SV_TILE], int live, const float* w, Py_ssize_t w_stride,
+            const float* w_next, Py_ssize_t full, Py_ssize_t tail, float sums[SV_TILE][SV_TILE]) {
         sv_f32x16 acc[SV_TILE][SV_TILE];
         memset(acc, 0, sizeof acc);
         for (Py_ssize_t k = 0; k < full; k += 16) {
@@ -106,7 +110,7 @@ cdef extern from *:
         if (tail)
             SV_TILE_STEP(sv_load_tail, full);
         for (int a = 0; a < SV_TILE; a++)
-            for (int b = 0; b < SV_TILE; b++)
+            for (int b = 0; b < live; b++)
                 sums[a][b] = sv_lane_tree16(acc[a][b]);
     }
 
@@ -115,39 +119,89 @@ cdef extern from *:
                           Py_ssize_t w_stride, Py_ssize_t n_out, Py_ssize_t n_in,
                           const float* bias, float* y, Py_ssize_t y_stride) {
         Py_ssize_t full = n_in & ~(Py_ssize_t) 15, tail = n_in - full;
+        /* One or two rows of x: plain dot products, one weight row after the other (from DRAM,
+           the tile's four concurrent weight streams measured 1.25-1.4x slower for so few rows). */
+        Py_ssize_t tiled = n <= SV_DOT_ROWS ? 0 : n_out & ~(Py_ssize_t) (SV_TILE - 1);
         float sums[SV_TILE][SV_TILE];
-        for (Py_ssize_t o0 = 0; o0 < n_out; o0 += SV_TILE) {
-            Py_ssize_t rows = n_out - o0 < SV_TILE ? n_out - o0 : SV_TILE;
+        for (Py_ssize_t o0 = 0; o0 < tiled; o0 += SV_TILE) {
             const float* w_tile = w + o0 * w_stride;
-            Py_ssize_t m0 = 0;
-            if (n > SV_PAIR_ROWS && rows == SV_TILE) {
-                Py_ssize_t ahead = o0 + (SV_PREFETCH_TILES + 1) * SV_TILE;
-                const float* w_next = ahead <= n_out ? w_tile + SV_PREFETCH_TILES * SV_TILE * w_stride : NULL;
-                for (; m0 < n; m0 += SV_TILE) {
-                    /* A last group of 1-3 rows repeats its last row (computed, not stored):
-                       with the weights coming from memory, a full tile costs about what a
-                       partial one does. */
-                    const float* rows_x[SV_TILE];
-                    int live = n - m0 < SV_TILE ? (int) (n - m0) : SV_TILE;
-                    for (int b = 0; b < SV_TILE; b++)
-                        rows_x[b] = x + (m0 + (b < live ? b : live - 1)) * x_stride;
-                    sv_tile4x4(rows_x, w_tile, w_stride, w_next, full, tail, sums);
-                    for (int b = 0; b < live; b++)
-                        for (int a = 0; a < SV_TILE; a++)
-                            y[(m0 + b) * y_stride + o0 + a] = bias ? sums[a][b] + bias[o0 + a] : sums[a][b];
+            const float* w_next = o0 + (SV_PREFETCH_TILES + 1) * SV_TILE <= n_out
+                                  ? w_tile + SV_PREFETCH_TILES * SV_TILE * w_stride : NULL;
+            for (Py_ssize_t m0 = 0; m0 < n; m0 += SV_TILE) {
+                const float* rows_x[SV_TILE];
+                int live = n - m0 < SV_TILE ? (int) (n - m0) : SV_TILE;
+                for (int b = 0; b < live; b++)
+                    rows_x[b] = x + (m0 + b) * x_stride;
+                switch (live) {
+                    case 1: sv_tile(rows_x, 1, w_tile, w_stride, w_next, full, tail, sums); break;
+                    case 2: sv_tile(rows_x, 2, w_tile, w_stride, w_next, full, tail, sums); break;
+                    case 3: sv_tile(rows_x, 3, w_tile, w_stride, w_next, full, tail, sums); break;
+                    default: sv_tile(rows_x, 4, w_tile, w_stride, w_next, full, tail, sums);
                 }
+                for (int b = 0; b < live; b++)
+                    for (int a = 0; a < SV_TILE; a++)
+                        y[(m0 + b) * y_stride + o0 + a] = bias ? sums[a][b] + bias[o0 + a] : sums[a][b];
             }
-            for (Py_ssize_t a = 0; a < rows; a++)
-                for (Py_ssize_t m = m0; m < n; m++) {
-                    float s = sv_dot16(x + m * x_stride, w_tile + a * w_stride, full, tail);
-                    y[m * y_stride + o0 + a] = bias ? s + bias[o0 + a] : s;
-                }
         }
+        for (Py_ssize_t o = tiled; o < n_out; o++)  /* the last n_out % 4 weight rows (or all) */
+            for (Py_ssize_t m = 0; m < n; m++) {
+                float s = sv_dot16(x + m * x_stride, w + o * w_stride, full, tail);
+                y[m * y_stride + o] = bias ? s + bias[o] : s;
+            }
+    }
+
+    /* Threads: the weight rows are cut into chunks (a multiple of the tile), which the caller
+       and the pool's helpers claim (sv_parallel_for, _batch.pxi); each output is still one
+       thread's dot product in the stated order, so the bits do not depend on the threads. */
+    typedef struct {
+        const float* x; Py_ssize_t x_stride, n; const float* w; Py_ssize_t w_stride, n_out, n_in;
+        const float* bias; float* y; Py_ssize_t y_stride, chunk;
+    } sv_linear_job;
+
+    static void sv_linear_chunk(void* context, Py_ssize_t index) {
+        const sv_linear_job* j = (const sv_linear_job*) context;
+        Py_ssize_t o0 = index * j->chunk;
+        Py_ssize_t rows = j->n_out - o0 < j->chunk ? j->n_out - o0 : j->chunk;
+        sv_linear(j->x, j->x_stride, j->n, j->w + o0 * j->w_stride, j->w_stride, rows, j->n_in,
+                  j->bias ? j->bias + o0 : NULL, j->y + o0, j->y_stride);
     }
     """
     void sv_linear(const float* x, Py_ssize_t x_stride, Py_ssize_t n, const float* w,
                    Py_ssize_t w_stride, Py_ssize_t n_out, Py_ssize_t n_in, const float* bias,
                    float* y, Py_ssize_t y_stride) nogil
+    ctypedef struct sv_linear_job:
+        const float* x
+        Py_ssize_t x_stride, n
+        const float* w
+        Py_ssize_t w_stride, n_out, n_in
+        const float* bias
+        float* y
+        Py_ssize_t y_stride, chunk
+    void sv_linear_chunk(void* context, Py_ssize_t index) noexcept nogil
+
+
+# Below this many weight bytes a call stays on one thread: a helper needs 0.1-75 us to start
+# (tools/thread_probe.py), against ~10 us to read 256 KiB from memory.
+cdef Py_ssize_t LINEAR_MIN_BYTES_PER_THREAD = 256 * 1024
+# Chunks per thread: the threads claim them one at a time, so a slow start evens out.
+cdef Py_ssize_t LINEAR_CHUNKS_PER_THREAD = 4
+
+
+cdef void _linear_rows(sv_linear_job* job, int threads) noexcept nogil:
+    """job's y = x @ w^T (+ bias) on up to ``threads`` threads (fewer for small weights)."""
+    cdef Py_ssize_t weight_bytes = 4 * job.n_out * job.n_in
+    cdef Py_ssize_t chunks
+    if threads > 1 and job.n > 0:
+        threads = <int> min(<Py_ssize_t> threads, max(1, weight_bytes // LINEAR_MIN_BYTES_PER_THREAD))
+    if threads > 1:
+        chunks = threads * LINEAR_CHUNKS_PER_THREAD
+        job.chunk = (job.n_out + chunks - 1) // chunks
+        job.chunk = (job.chunk + 3) // 4 * 4  # whole tiles
+        chunks = (job.n_out + job.chunk - 1) // job.chunk
+        if sv_parallel_for(<sv_task> sv_linear_chunk, job, chunks, threads) == 0:
+            return
+    sv_linear(job.x, job.x_stride, job.n, job.w, job.w_stride, job.n_out, job.n_in, job.bias,
+              job.y, job.y_stride)
 
 
 cdef inline bint _rows_overlap(const Rows* a, const Rows* b) noexcept:
@@ -159,14 +213,15 @@ cdef inline bint _rows_overlap(const Rows* a, const Rows* b) noexcept:
     return a.data < b_end and b.data < a_end
 
 
-def linear(x, weight, bias, out):
+def linear(x, weight, bias, out, int num_threads=1):
     """Kernel entry of ``specverify.linear``: x ``[n, in]`` (or ``[in]``), weight ``[out, in]``,
     bias ``[out]`` or None, out ``[n, out]`` (or ``[out]``) or None -> out, or a new array of
-    x's kind."""
-    return _linear_entry(x, weight, bias, out, False)
+    x's kind; on up to num_threads threads (validated by the caller)."""
+    return _linear_entry(x, weight, bias, out, False, min(num_threads, MAX_THREADS))
 
 
-cdef object _linear_entry(object x, object weight, object bias, object out, bint converted):
+cdef object _linear_entry(object x, object weight, object bias, object out, bint converted,
+                          int threads):
     """The common case read in C: float32 ndarrays or CPU tensors with unit inner stride and
     non-negative row strides; out C-contiguous and writable.  Anything else goes through
     ``_inputs.linear_arrays``, which converts or raises an error naming the argument."""
@@ -183,7 +238,7 @@ cdef object _linear_entry(object x, object weight, object bias, object out, bint
                                   and b_vector and br.cols == wr.rows))):
         if converted:
             _unreadable("x")
-        return _linear_converted(x, weight, bias, out)
+        return _linear_converted(x, weight, bias, out, threads)
     if out is None:
         result = (_np_empty(<object> (wr.rows,) if x_vector else (xr.rows, wr.rows), dtype=_np_float32)
                   if type(x) is _ndarray
@@ -195,20 +250,23 @@ cdef object _linear_entry(object x, object weight, object bias, object out, bint
               and not (type(out) is _tensor and out.requires_grad)):
         if converted:
             _unreadable("out")
-        return _linear_converted(x, weight, bias, out)
+        return _linear_converted(x, weight, bias, out, threads)
     if _rows_overlap(&yr, &xr) or _rows_overlap(&yr, &wr) or (bias is not None and _rows_overlap(&yr, &br)):
         raise ValueError("out overlaps x, weight or bias: linear cannot write its inputs")
     if bias is not None:
         bias_data = <const float*> br.data
+    cdef sv_linear_job job
+    job.x, job.x_stride, job.n = <const float*> xr.data, xr.stride, xr.rows
+    job.w, job.w_stride, job.n_out, job.n_in = <const float*> wr.data, wr.stride, wr.rows, wr.cols
+    job.bias, job.y, job.y_stride = bias_data, <float*> yr.data, yr.cols if yr.rows <= 1 else yr.stride
     with nogil:
-        sv_linear(<const float*> xr.data, xr.stride, xr.rows, <const float*> wr.data, wr.stride,
-                  wr.rows, wr.cols, bias_data, <float*> yr.data, yr.cols if yr.rows <= 1 else yr.stride)
+        _linear_rows(&job, threads)
     return result
 
 
-cdef object _linear_converted(object x, object weight, object bias, object out):
+cdef object _linear_converted(object x, object weight, object bias, object out, int threads):
     """The slow road: ``_inputs.linear_arrays`` validates and converts, then the common case
     takes the C-contiguous float32 ndarrays it returns."""
     rows, w, b, target, result = _inputs.linear_arrays(x, weight, bias, out)
-    _linear_entry(rows, w, b, target, True)
+    _linear_entry(rows, w, b, target, True, threads)
     return result

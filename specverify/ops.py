@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from . import _kernels
+from . import _inputs, _kernels
 from .reference_warp import min_p_threshold, temperature_scale
 
 __all__ = ["verify_greedy", "accept", "accept_from_uniforms", "accept_block", "accept_block_from_uniforms",
@@ -458,7 +458,7 @@ def _accept_logits(target_logits, draft_logits, draft_tokens, generator, uniform
                                              uniforms, scale, top_k, top_p, min_p)
 
 
-def linear(x, weight, bias=None, out=None):
+def linear(x, weight, bias=None, out=None, *, num_threads=1):
     """``y = x @ weight.T + bias`` for the few rows a target pass scores, reading the weights once.
 
     ``y[..., o] = sum_k x[..., k] * weight[o, k] (+ bias[o])`` in float32, in a fixed order that
@@ -480,14 +480,25 @@ def linear(x, weight, bias=None, out=None):
             its autograd).
         bias: optional ``[out]``.
         out: optional float32 C-contiguous ``[..., out]`` to write (must not overlap the inputs).
+        num_threads: threads to spread the weight rows over (the calling thread and helpers of
+            the pool ``verify_batch`` uses); fewer for small weights (one per 256 KiB).  The
+            result's bits do not depend on it.
 
     Returns:
         float32 ``[..., out]``: ``out``, else a new array (a tensor if x is one).
     """
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+    threads = int(num_threads)
     shape = getattr(x, "shape", None)
-    if shape is not None and len(shape) > 2:
-        rows = x.reshape(-1, shape[-1])
-        flat_out = None if out is None else out.reshape(-1, out.shape[-1])
-        y = _kernels.linear(rows, weight, bias, flat_out)
-        return out if out is not None else y.reshape(*shape[:-1], y.shape[-1])
-    return _kernels.linear(x, weight, bias, out)
+    if shape is None or len(shape) <= 2:
+        return _kernels.linear(x, weight, bias, out, threads)
+    rows = x.reshape(-1, shape[-1])  # [..., in] -> [n, in]
+    if out is None:
+        y = _kernels.linear(rows, weight, bias, None, threads)
+        return y.reshape(*shape[:-1], y.shape[-1])
+    contiguous = out.is_contiguous() if _inputs.is_tensor(out) else isinstance(out, np.ndarray) and out.flags.c_contiguous
+    if not contiguous or tuple(out.shape[:-1]) != tuple(shape[:-1]):
+        raise ValueError(f"out must be a C-contiguous [..., out] array of x's leading shape {list(shape[:-1])}")
+    _kernels.linear(rows, weight, bias, out.reshape(-1, out.shape[-1]), threads)  # a view of out's memory
+    return out

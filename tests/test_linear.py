@@ -97,6 +97,11 @@ def test_linear_vector_and_leading_dimensions_and_out():
     assert got.shape == (2, 3, 10) and np.array_equal(bits(got.reshape(6, 10)), bits(want))
     out = np.full((6, 10), np.nan, np.float32)
     assert sv.linear(x, w, b, out=out) is out and np.array_equal(bits(out), bits(want))
+    out = np.full((2, 3, 10), np.nan, np.float32)
+    assert sv.linear(x.reshape(2, 3, 33), w, b, out=out) is out and np.array_equal(bits(out.reshape(6, 10)), bits(want))
+    for bad in (np.empty((2, 10, 3), np.float32).transpose(0, 2, 1), np.empty((3, 2, 10), np.float32)):
+        with pytest.raises(ValueError, match="out must be a C-contiguous"):  # never a silent copy
+            sv.linear(x.reshape(2, 3, 33), w, b, out=bad)
 
 
 def test_linear_torch_tensors_parameters_and_agreement_with_torch():
@@ -167,6 +172,26 @@ def test_rows_give_the_same_bits_in_any_company():
         assert np.array_equal(bits(np.concatenate(parts)), bits(together))
 
 
+# -- threads ----------------------------------------------------------------------------------
+@pytest.mark.emulated
+@pytest.mark.parametrize("n", [1, 2, 5, 17])
+def test_threads_give_the_same_bits(n):
+    rng = np.random.default_rng(10 + n)
+    x, w, b = operands(rng, n, 200, 1030)  # 0.8 MiB of weights: up to 3 threads, 8 rows per chunk
+    one = sv.linear(x, w, b)
+    assert np.array_equal(bits(one), bits(reference.linear(x, w, b)))
+    for threads in (2, 3, 8):
+        assert np.array_equal(bits(sv.linear(x, w, b, num_threads=threads)), bits(one))
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused(bad):
+    x, w, _ = operands(np.random.default_rng(11), 2, 16, 4)
+    with pytest.raises(ValueError, match="num_threads must be a positive integer"):
+        sv.linear(x, w, num_threads=bad)
+
+
 # -- argument errors ----------------------------------------------------------------------------
 @pytest.mark.emulated
 @pytest.mark.parametrize("call, error, words", [
@@ -231,7 +256,9 @@ def test_fast_linears_switch_score_and_restore(monkeypatch):
     with torch.no_grad():
         before = model(ids).logits
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
-    with use_fast_linears(model) as handle:
+    with pytest.raises(ValueError, match="num_threads must be None or a positive integer"):
+        use_fast_linears(model, num_threads=0)
+    with use_fast_linears(model, num_threads=2) as handle:
         assert len(handle.modules) == n_linear == 2 * 7 + 1
         calls = []
         original = sv.ops.linear

@@ -26,7 +26,7 @@ set -euo pipefail
 export LC_ALL=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 MPLBACKEND=Agg
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python}
-TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/test_ops_validation.py tests/test_ops_reference.py tests/test_numeric_contract.py tests/test_block_ops.py tests/test_tree_ops.py tests/test_batch.py tests/test_warp.py tests/test_decoder.py tests/test_reliability.py tests/test_fuzz.py}
+TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/test_ops_validation.py tests/test_ops_reference.py tests/test_numeric_contract.py tests/test_block_ops.py tests/test_tree_ops.py tests/test_batch.py tests/test_warp.py tests/test_linear.py tests/test_decoder.py tests/test_reliability.py tests/test_fuzz.py}
 START=$SECONDS
 log() { printf '[sanitize %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 

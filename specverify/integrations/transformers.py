@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -662,13 +663,13 @@ class CausalLMTreeDraft:
 
 
 # -- the target's linear layers --------------------------------------------------------------
-def _fast_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+def _fast_linear_forward(self, num_threads: Optional[int], x: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward`` through :func:`specverify.linear` when no gradient is wanted."""
     if (x.dtype != torch.float32 or x.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
         return torch.nn.functional.linear(x, self.weight, self.bias)
     bias = None if self.bias is None else self.bias.detach()
-    return ops.linear(x, self.weight.detach(), bias)
+    return ops.linear(x, self.weight.detach(), bias, num_threads=num_threads or torch.get_num_threads())
 
 
 class FastLinears:
@@ -690,7 +691,7 @@ class FastLinears:
         self.restore()
 
 
-def use_fast_linears(model: torch.nn.Module) -> FastLinears:
+def use_fast_linears(model: torch.nn.Module, num_threads: Optional[int] = None) -> FastLinears:
     """Compute ``model``'s float32 CPU ``nn.Linear`` layers with :func:`specverify.linear`.
 
     Why: for the 1-17 tokens a decoding step feeds, torch's CPU matmul (2.13, one thread) reads
@@ -703,17 +704,21 @@ def use_fast_linears(model: torch.nn.Module) -> FastLinears:
     speculative decoder with plain ``generate`` on the same switched model.  Only instances of
     ``nn.Linear`` itself with float32 CPU weights are switched (subclasses, quantized or other
     layers keep theirs), and only under ``torch.no_grad()`` or for inputs and weights that need
-    no gradient: training goes through torch.
+    no gradient: training goes through torch.  ``num_threads``: the threads each layer may use
+    (see :func:`specverify.linear`); None follows ``torch.get_num_threads()`` at each call.
 
     Returns:
         a :class:`FastLinears` handle: ``restore()`` undoes the switch (also a context manager).
     """
+    if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)
+                                    or num_threads < 1):
+        raise ValueError(f"num_threads must be None or a positive integer, got {num_threads!r}")
     switched = []
     for module in model.modules():
         if (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
                 and module.weight.device.type == "cpu" and "forward" not in module.__dict__
                 and (module.bias is None or module.bias.dtype == torch.float32)):
-            module.forward = _fast_linear_forward.__get__(module)
+            module.forward = functools.partial(_fast_linear_forward, module, num_threads)
             switched.append(module)
     return FastLinears(switched)
 
