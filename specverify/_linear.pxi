@@ -46,13 +46,19 @@ cdef extern from *:
         return sv_load16(lanes);
     }
 
+    #if defined(__clang__)
+    #define SV_SHUFFLE16(a, ...) __builtin_shufflevector(a, a, __VA_ARGS__)
+    #else
+    #define SV_SHUFFLE16(a, ...) __builtin_shuffle(a, (sv_i32x16){__VA_ARGS__})
+    #endif
+
     /* (l0 + l8), then + 4, + 2, + 1 apart: lane 0 ends with the sum (shuffles, not a store and
        16 scalar loads, which stall on store forwarding). */
     static inline float sv_lane_tree16(sv_f32x16 a) {
-        a = a + __builtin_shuffle(a, (sv_i32x16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-        a = a + __builtin_shuffle(a, (sv_i32x16){4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15});
-        a = a + __builtin_shuffle(a, (sv_i32x16){2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
-        a = a + __builtin_shuffle(a, (sv_i32x16){1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+        a = a + SV_SHUFFLE16(a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+        a = a + SV_SHUFFLE16(a, 4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15);
+        a = a + SV_SHUFFLE16(a, 2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        a = a + SV_SHUFFLE16(a, 1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         return a[0];
     }
 
