@@ -196,6 +196,17 @@ cdef struct Rows:
     Py_ssize_t stride  # elements between rows
 
 
+cdef inline bint _overlap(const Rows* a, const Rows* b) noexcept:
+    """Whether the address ranges of two float32 row sets intersect; an empty set never does.
+    Row strides must be >= 0 (the readers' callers send a negative one down the conversion road,
+    which copies)."""
+    if a.rows == 0 or a.cols == 0 or b.rows == 0 or b.cols == 0:
+        return False
+    cdef const char* a_end = a.data + 4 * ((a.rows - 1) * a.stride + a.cols)
+    cdef const char* b_end = b.data + 4 * ((b.rows - 1) * b.stride + b.cols)
+    return a.data < b_end and b.data < a_end
+
+
 @cython.no_gc  # holds only bytearrays: no reference cycle to collect, and one less cost per call
 cdef class _Held:
     """What one call owns until it returns: the buffers acquired from its arguments (released

@@ -210,15 +210,6 @@ cdef void _linear_rows(sv_linear_job* job, int threads) noexcept nogil:
               job.y, job.y_stride)
 
 
-cdef inline bint _rows_overlap(const Rows* a, const Rows* b) noexcept:
-    """Whether the address ranges of two row sets (row strides >= 0) intersect; empty sets never do."""
-    if a.rows == 0 or a.cols == 0 or b.rows == 0 or b.cols == 0:
-        return False
-    cdef const char* a_end = a.data + 4 * ((a.rows - 1) * a.stride + a.cols)
-    cdef const char* b_end = b.data + 4 * ((b.rows - 1) * b.stride + b.cols)
-    return a.data < b_end and b.data < a_end
-
-
 def linear(x, weight, bias, out, int num_threads=1):
     """Kernel entry of ``specverify.linear``: x ``[n, in]`` (or ``[in]``), weight ``[out, in]``,
     bias ``[out]`` or None, out ``[n, out]`` (or ``[out]``) or None -> out, or a new array of
@@ -257,7 +248,7 @@ cdef object _linear_entry(object x, object weight, object bias, object out, bint
         if converted:
             _unreadable("out")
         return _linear_converted(x, weight, bias, out, threads)
-    if _rows_overlap(&yr, &xr) or _rows_overlap(&yr, &wr) or (bias is not None and _rows_overlap(&yr, &br)):
+    if _overlap(&yr, &xr) or _overlap(&yr, &wr) or (bias is not None and _overlap(&yr, &br)):
         raise ValueError("out overlaps x, weight or bias: linear cannot write its inputs")
     if bias is not None:
         bias_data = <const float*> br.data

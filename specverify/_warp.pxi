@@ -397,14 +397,6 @@ cdef object _np_empty = np.empty
 cdef object _np_float32 = np.float32
 
 
-cdef inline bint _overlap(const Rows* a, const Rows* b) noexcept:
-    """Whether the address ranges of two non-empty row sets intersect (row strides >= 0: logits
-    with a negative one take the conversion road, which copies them)."""
-    cdef const char* a_end = a.data + 4 * ((a.rows - 1) * a.stride + a.cols)
-    cdef const char* b_end = b.data + 4 * ((b.rows - 1) * b.stride + b.cols)
-    return a.data < b_end and b.data < a_end
-
-
 cdef object _warp_entry(object logits, object out, float scale, Py_ssize_t top_k, double top_p,
                         float min_p, bint run, bint converted):
     """One call of ``warp``: logits ``[n, V]`` (or ``[V]``) -> float32 probabilities in out
