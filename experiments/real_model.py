@@ -20,6 +20,11 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
                            more tokens per target pass from the same stochastic draft
 
+A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
+:class:`~specverify.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
+allowed) from the rounds before, pricing a round by the nodes its trees score; one policy per
+config is carried across the run's prompts and repetitions, as a server keeps one.
+
 By default (``--linears specverify``) the model's linear layers run on :func:`specverify.linear`
 (:func:`~specverify.integrations.transformers.use_fast_linears`), for every config alike, plain
 ``generate`` included: torch's CPU matmul reads the weights once per token for a few tokens, so a
@@ -90,6 +95,7 @@ WARP_PAIRS = [("hf_sample", "hf_sample_svwarp"), ("sv_sample_lookup_torchwarp", 
 WARP_CONFIGS = [c for pair in WARP_PAIRS for c in pair]
 TORCH_WARP = "_torchwarp"  # config suffix: the same config with the sort-based torch warp
 TORCH_LINEARS = "_torchlinears"  # config suffix: the same config with torch's own nn.Linear forwards
+AUTO = "_auto"  # config suffix: the draft length (a tree's depth) chosen by AdaptiveK each round
 WARP_CSV = "warp_compare.csv"
 SWEEP_CSV = "tree_sweep.csv"
 PASSES_CSV = "tree_passes.csv"
@@ -169,6 +175,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
             row = run_one(config[:-len(TORCH_LINEARS)], prompt_ids, model, tokenizer, draft_model, p, passes)
         return dict(row, config=config, linears="torch")
     name, torch_warp = (config[:-len(TORCH_WARP)], True) if config.endswith(TORCH_WARP) else (config, False)
+    name, auto = (name[:-len(AUTO)], True) if name.endswith(AUTO) else (name, False)
     tree = name.endswith("_tree")
     mode = "sample" if "sample" in config else "greedy"
     row = dict(config=config, mode=mode, linears=p["linears"], **(sample if mode == "sample" else {}),
@@ -214,7 +221,12 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
                     step.sampling = _torch_warp_sampling(step.sampling)
         if passes is not None:
             target_step = _timed(target_step, passes)
-        dec = sv.SpeculativeDecoder(draft_step, target_step, k=row["k"], greedy=greedy,
+        k = row["k"]
+        if auto:  # one policy per config over the run (p["_policies"], set by _run_prompts)
+            from specverify.adaptive import AdaptiveK
+
+            k = p.get("_policies", {}).setdefault(config, AdaptiveK(k_max=row["k"], k_min=0))
+        dec = sv.SpeculativeDecoder(draft_step, target_step, k=k, greedy=greedy,
                                     generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos,
                                     method="block" if config.endswith("_block") else "token")
         t0 = time.perf_counter()
@@ -253,9 +265,11 @@ def _run_prompts(ids, configs, model, tokenizer, draft_model, params, repeats, d
 
     rows = []
     reference = {}
+    policies = {}  # the ``_auto`` configs' AdaptiveK, one per config, carried from run to run
     jobs = [(r, n, c) for r in range(repeats) for n in ids for c in configs]
     for repeat, name, config in tqdm(jobs, desc=desc, unit="run"):
         p = dict(params, **config[1]) if isinstance(config, tuple) else dict(params)
+        p["_policies"] = policies
         p["seed"] = params["seed"] + repeat  # sampling: each repeat draws another sample (greedy: no effect)
         config = config[0] if isinstance(config, tuple) else config
         passes = [] if log_passes is not None else None

@@ -86,10 +86,11 @@ class RoundRecord:
     """What a policy learns from one finished round (times in seconds, ``nan`` if unmeasured)."""
 
     asked: int  # K asked of the draft (0: a plain target step, no draft call)
-    proposed: int  # tokens the draft proposed (after any stop), 0 <= proposed <= asked
-    accepted: int  # accepted drafts n, 0 <= accepted <= proposed
+    proposed: int  # tokens the draft proposed (after any stop), 0 <= proposed <= asked; a tree: its nodes
+    accepted: int  # accepted drafts n, 0 <= accepted <= proposed; a tree: the accepted path's length
     draft_time: float  # the draft call (0 when asked == 0)
     target_time: float  # the target pass scoring proposed + 1 tokens
+    depth: Optional[int] = None  # a tree round: the tree's depth (<= asked; 0 for an empty tree); None: a chain
 
 
 class ConfidenceStop:
@@ -155,7 +156,8 @@ class FixedK:
 
 
 class _CostCurve:
-    """Seconds as a function of a length x = 1..x_max, learned from decayed observations.
+    """Seconds as a function of a length x = 1..x_max (room grows when a longer x is observed),
+    learned from decayed observations.
 
     Where x was observed the estimate is the decayed mean there. Between observed lengths it is
     interpolated linearly; beyond the observed range it continues from the nearest observed
@@ -183,9 +185,12 @@ class _CostCurve:
         d = self.decay
         self.w_at *= d
         self.y_at *= d
-        if x < self.w_at.size:
-            self.w_at[x] += 1.0
-            self.y_at[x] += y
+        if x >= self.w_at.size:  # a longer pass than planned for (a tree's nodes): make room
+            grown = max(x + 1, 2 * self.w_at.size)
+            self.w_at = np.concatenate([self.w_at, np.zeros(grown - self.w_at.size)])
+            self.y_at = np.concatenate([self.y_at, np.zeros(grown - self.y_at.size)])
+        self.w_at[x] += 1.0
+        self.y_at[x] += y
         self.wx = d * self.wx + x
         self.wy = d * self.wy + y
 
@@ -237,7 +242,17 @@ class AdaptiveK:
 
     The chosen K maximizes :func:`specverify.law.speedup_curve` with
     ``survival_i = prod_{j<=i} g_j a_j``, ``proposed_i = prod_{j<=i} g_j`` over ``k_min..k_max``
-    (``K = 0``, plain decoding, when no draft length pays). Every ``explore_every``-th round asks
+    (``K = 0``, plain decoding, when no draft length pays).
+
+    Tree drafts (rounds recorded with a ``depth``): K is the depth asked, the positions are
+    depths (``a_i``: the accepted path goes on past depth i - 1; ``g_i``: the tree reaches depth
+    i; an empty tree proposes nothing), and a round scores ``N + 1`` tokens for its ``N`` nodes,
+    however deep it is. So the speed-up of depth K is
+    ``(1 + sum_{i<=K} survival_i) / (D(K) + T(1 + E[N | K]))``, with ``E[N | K]`` the
+    expected depth the trees reach (from the proposal rates) times their nodes per level
+    (:meth:`tree_width`, decayed over the trees seen, kept across sequences like the costs) and
+    ``T`` interpolated between the token counts timed: a draft whose trees are wide pays for
+    its width at every depth, which the chain pricing (``K + 1`` tokens at most) would miss. Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
     observed (and, after K = 0, that drafting is tried again). Deterministic given the rounds it saw.
     The prior is optimistic on purpose (``prior_rate`` 0.8): a policy that believes drafting does
@@ -278,6 +293,9 @@ class AdaptiveK:
         # seconds of a target pass vs tokens scored; the one-token pass is a matrix-vector product,
         # of another kind than the longer ones, so only those set the price of unseen lengths
         self.target_fit = _CostCurve(self.decay, k + 1, floor_from=2)
+        # a tree draft's width: decayed sums of its trees' nodes and depths (proposing rounds only)
+        self.tree_nodes = self.tree_depth = 0.0
+        self.tree_draft = False  # whether the draft proposes trees (seen from the rounds' records)
         self.rounds = 0
         self.prior_weight = self.prior_strength  # the prior's pseudo-rounds, forgotten like real rounds
         self.last_curve = None  # [k_max + 1] the modelled f(k) behind the last choice
@@ -341,14 +359,39 @@ class AdaptiveK:
         d, t = costs
         g, a = self.proposal_rates(), self.rates()
         proposed = np.cumprod(g)
-        curve = law.speedup_curve(survival=np.minimum(np.cumprod(g * a), proposed), c=d, target_cost=t,
-                                  proposed=proposed)
+        survival = np.minimum(np.cumprod(g * a), proposed)
+        if self.tree_draft:
+            # A tree asked for depth K scores its nodes, not K tokens: the pass is priced at the
+            # nodes the draft's trees had when asked for K (decayed means; unseen K in proportion).
+            tokens = 1.0 + np.concatenate([[0.0], np.cumsum(survival)])  # [k_max + 1]
+            curve = tokens / (np.concatenate([[0.0], d]) + np.concatenate([[1.0], self._tree_pass_costs()]))
+        else:
+            curve = law.speedup_curve(survival=survival, c=d, target_cost=t, proposed=proposed)
         self.last_curve = curve
         lo = min(self.k_min, hi)
         k = lo + int(np.argmax(curve[lo : hi + 1]))
         if self.explore_every and self.rounds % self.explore_every == self.explore_every - 1:
             k = min(k + 1, hi)
         return k
+
+    def tree_width(self) -> float:
+        """Nodes per level of the draft's trees: their decayed node count over their decayed depth
+        (1, a chain, before any tree is seen)."""
+        return self.tree_nodes / self.tree_depth if self.tree_depth > 0.0 else 1.0
+
+    def _tree_pass_costs(self) -> np.ndarray:
+        """``[k_max]`` the target pass of a tree round asked for depth K = 1..k_max, relative to a
+        one-token pass: ``T(1 + E[N | K])`` with ``E[N | K] = width * sum_{i<=K} P(depth >= i)``
+        (the expected depth reached, from the proposal rates, times the nodes per level), T
+        interpolated between token counts."""
+        reached = np.cumsum(np.cumprod(self.proposal_rates()))  # [k_max] E[depth | K]
+        counts = 1.0 + self.tree_width() * reached
+        grid = np.arange(1, int(np.ceil(counts.max())) + 1)  # token counts 1..max
+        if self.target_cost is not None:
+            t = law._cost_values(self.target_cost, grid, "target_cost")
+        else:
+            t = np.maximum(self.target_fit(grid), 1e-12)
+        return np.interp(counts, grid, t) / t[0]
 
     def observe(self, r: RoundRecord) -> None:
         self.rounds += 1
@@ -357,11 +400,18 @@ class AdaptiveK:
             arr *= dec
         self.prior_weight *= dec
         m, n, asked = r.proposed, r.accepted, min(r.asked, self.k_max)
-        self.tried[: min(n + 1, m)] += 1.0  # verification reached these (the first rejection included)
+        # positions the proposal reaches: a chain's tokens, a tree's depth (its nodes are m)
+        reach = m if r.depth is None else min(r.depth, asked)
+        if r.depth is not None:
+            self.tree_draft = True
+            if r.depth > 0:
+                self.tree_nodes = dec * self.tree_nodes + m
+                self.tree_depth = dec * self.tree_depth + r.depth
+        self.tried[: min(n + 1, reach)] += 1.0  # verification reached these (the first rejection included)
         self.passed[:n] += 1.0
-        # positions 1..min(m+1, asked) were asked with everything before them proposed
-        self.asked_at[: min(m + 1, asked)] += 1.0
-        self.proposed_at[:m] += 1.0
+        # positions 1..min(reach+1, asked) were asked with everything before them proposed
+        self.asked_at[: min(reach + 1, asked)] += 1.0
+        self.proposed_at[:reach] += 1.0
         if self.target_cost is None:
             if math.isfinite(r.target_time):
                 self.target_fit.add(m + 1, r.target_time)

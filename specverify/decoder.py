@@ -144,7 +144,8 @@ class SpeculativeDecoder:
     k : int, ``"auto"`` or a draft-length policy
         An int: draft tokens asked for per round (fewer in the last rounds, see
         :meth:`generate`). ``"auto"``: :class:`specverify.adaptive.AdaptiveK` (each round's K
-        maximizes the modelled speed-up, learned from past rounds and this decoder's timings).
+        maximizes the modelled speed-up, learned from past rounds and this decoder's timings;
+        with a tree draft, K is the tree's depth and a round is priced by the nodes it scores).
         Or any policy of :mod:`specverify.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
         ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. A
         ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
@@ -246,11 +247,12 @@ class SpeculativeDecoder:
         return accept_tree(target_probs, draft_probs, tokens, parents, generator=self.generator)
 
     @staticmethod
-    def _checked_tree(tree: DraftTree, max_depth: int) -> DraftTree:
+    def _checked_depth(tree: DraftTree, max_depth: int) -> int:
+        """The tree's depth, at most ``max_depth`` (the K asked) or a ``ValueError``."""
         depth = tree.depth()
         if depth > max_depth:
             raise ValueError(f"draft_step returned a tree of depth {depth}, asked for at most {max_depth}")
-        return tree
+        return depth
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
@@ -284,13 +286,16 @@ class SpeculativeDecoder:
             draft_probs = None
             draft_s = 0.0
             tree = None  # a DraftTree when the draft returned one (then m counts its nodes)
+            depth = None  # the tree's depth when the draft returned a tree, even an empty one
             if m > 0:
                 t0 = clock()
                 returned = self._draft(prefix.clone(), m)  # ([m], [m, V] or None) or a DraftTree
                 draft_s = clock() - t0
                 stats.draft_time += draft_s
+                if isinstance(returned, DraftTree):
+                    depth = self._checked_depth(returned, m)
                 if isinstance(returned, DraftTree) and returned.n_nodes:
-                    tree = self._checked_tree(returned, m)
+                    tree = returned
                     returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
                 elif isinstance(returned, DraftTree):
                     returned = (returned.tokens, None)  # an empty tree: a plain target step
@@ -340,7 +345,7 @@ class SpeculativeDecoder:
             stats.accepted.append(int(n_acc))
             stats.emitted.append(len(new))
             stats.asked.append(asked)
-            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s))
+            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth))
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()

@@ -77,6 +77,63 @@ def test_adaptive_k_follows_a_change_of_regime():
         assert law.speedup([rate] * k, 0.05) > 0.97 * law.optimal_k(rate, 0.05, k_max=12).speedup
 
 
+def simulated_tree_rounds(policy, rates, rounds, rng, nodes_per_depth):
+    """``simulated_rounds`` for a tree draft: a round asked for depth K proposes a tree of depth K
+    with ``nodes_per_depth * K`` nodes whose accepted path length follows the law of ``rates``."""
+    for _ in range(rounds):
+        k = policy.draft_length(len(rates))
+        n = 0
+        while n < k and rng.random() < rates[n]:
+            n += 1
+        policy.observe(RoundRecord(k, nodes_per_depth * k, n, float("nan"), float("nan"), depth=k))
+
+
+def test_tree_rounds_are_priced_by_their_nodes_not_their_depth():
+    """Same acceptance by depth, same cost model T(n) = 1 + 0.25 (n - 1): a tree with 2 nodes per
+    level pays for them, so the policy asks a shallower tree than a chain (K = 2 against 3 or 4),
+    exactly the argmax of (1 + sum_{i<=K} S_i) / (D(K) + T(1 + 2 E[depth | K])), E[depth | K] ~ K."""
+    cost = lambda n: 1.0 + 0.25 * (n - 1)  # noqa: E731
+    rates = [0.8] * 8
+    chain = AdaptiveK(k_max=8, decay=1.0, draft_cost=0.0, target_cost=cost, explore_every=4)
+    tree = AdaptiveK(k_max=8, decay=1.0, draft_cost=0.0, target_cost=cost, explore_every=4)
+    simulated_rounds(chain, rates, 3000, np.random.default_rng(3))
+    simulated_tree_rounds(tree, rates, 3000, np.random.default_rng(3), nodes_per_depth=2)
+    assert tree.tree_draft and not chain.tree_draft
+    k_tree, k_chain = tree.draft_length(8), chain.draft_length(8)
+    survival = np.minimum(np.cumprod(tree.proposal_rates() * tree.rates()), np.cumprod(tree.proposal_rates()))
+    reached = np.concatenate([[0.0], np.cumsum(np.cumprod(tree.proposal_rates()))])  # [9] E[depth | K], ~K
+    np.testing.assert_allclose(reached, np.arange(9), rtol=0.01)
+    expected = (1.0 + np.concatenate([[0.0], np.cumsum(survival)])) / np.array([cost(1 + 2 * r) for r in reached])
+    np.testing.assert_allclose(tree.last_curve, expected, rtol=1e-12)
+    assert k_tree == int(np.argmax(expected)) == 2 and k_chain in (3, 4), (k_tree, k_chain)
+    # The positions are depths: the acceptance estimates match the chain's (same law, same seed).
+    np.testing.assert_allclose(tree.rates()[:3], chain.rates()[:3], atol=0.05)
+
+
+def test_tree_rounds_learn_their_width_and_long_passes_from_timings():
+    """Measured costs: a pass scoring more tokens than k_max + 1 (a wide tree) is timed, not dropped;
+    the trees' width is learned (3 nodes per level) and depth K is priced at the timed cost of
+    1 + 3 E[depth | K] tokens, E[depth | K] from the proposal rates (every tree here reaches K)."""
+    policy = AdaptiveK(k_max=4, decay=1.0, explore_every=2)
+    seconds = lambda n: 0.01 * (1.0 + 0.5 * (n - 1))  # noqa: E731
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        k = policy.draft_length(4)
+        n = int(min(k, rng.geometric(0.5) - 1))
+        policy.observe(RoundRecord(k, 3 * k, n, 0.0, seconds(3 * k + 1), depth=k))
+    timed = np.nonzero(policy.target_fit.w_at > 0)[0]
+    assert timed.max() > policy.k_max + 1  # passes of up to 13 tokens were kept
+    np.testing.assert_allclose(policy.target_fit(timed), seconds(timed), rtol=1e-12)
+    assert policy.tree_width() == pytest.approx(3.0, rel=1e-12)
+    reached = np.cumsum(np.cumprod(policy.proposal_rates()))  # [k_max], ~1, 2, 3, 4
+    np.testing.assert_allclose(reached, np.arange(1, 5), rtol=0.01)
+    # [k_max]: T(1 + 3 E[depth | K]) / T(1), in units of the policy's price of a one-token pass
+    # (never timed here: every round drafted, so it is priced as the shortest pass timed, as for chains)
+    # (the counts fall a hair below the timed 4, 7, 10, 13 tokens: interpolation moves them 1e-4)
+    unit = policy.target_fit(np.array([1]))[0]
+    np.testing.assert_allclose(policy._tree_pass_costs(), seconds(1 + 3 * reached) / unit, rtol=1e-3)
+
+
 def test_cost_curve_follows_a_step_and_prices_unseen_lengths_optimistically():
     """A one-token pass much cheaper than longer ones (matrix-vector vs matrix-matrix on a CPU);
     lengths never observed cost no more than the nearest observed one (target) or grow in

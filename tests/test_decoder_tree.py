@@ -209,6 +209,31 @@ def test_tree_sampling_preserves_joint_law(vocab, length, k, widths, reverse):
     assert res.pvalue > ALPHA, res
 
 
+def test_tree_sampling_with_an_adaptive_depth_preserves_joint_law():
+    """AdaptiveK choosing each round's tree depth from past rounds (a cost model, no clock): the
+    joint law holds (the proof in specverify.adaptive covers trees: the depth is decided before
+    drafting, from the past only), and the depth really varied from round to round."""
+    from specverify.adaptive import AdaptiveK
+
+    asked = []
+
+    class Recorded(AdaptiveK):
+        def draft_length(self, limit):
+            k = super().draft_length(limit)
+            asked.append((k, limit))
+            return k
+
+    target, draft = bigram_pair(7, 4, lam=0.5)
+    policy = Recorded(k_max=3, decay=0.9, draft_cost=0.02, target_cost=lambda n: 1.0 + 0.1 * (n - 1),
+                      explore_every=3, carry=1.0)
+    dec = sv.SpeculativeDecoder(markov_tree_draft(draft, (2, 2, 1)), markov_tree_target(target), k=policy,
+                                greedy=False, generator=np.random.default_rng(7))
+    res, rounds_per_run = continuation_chisquare(dec, target, 4, 4000)
+    assert policy.tree_draft and res.dof >= 10 and rounds_per_run > 1.2
+    assert len({k for k, limit in asked if limit >= 3}) >= 3, sorted(set(asked))
+    assert res.pvalue > ALPHA, res
+
+
 @pytest.mark.parametrize("broken", [UnconditionedSiblings, ChildrenKeptInFinalDraw, RowsOfTheParent])
 def test_tree_law_test_rejects_broken_rules(broken):
     """Power check: the same test, sizes and seed as the first case reject each broken rule at ALPHA."""

@@ -118,6 +118,29 @@ def test_tiny_greedy_equals_generate_with_both_drafts(tiny):
         assert out.tolist() == ref.tolist()
 
 
+def test_auto_tree_config_carries_one_policy_and_equals_generate(tiny):
+    """experiments.real_model's ``_auto`` suffix: AdaptiveK chooses each round's tree depth, one
+    policy per config carried across runs (``p["_policies"]``), greedy output still generate's."""
+    from experiments import real_model as rm
+    from specverify.adaptive import AdaptiveK
+
+    class Tokenizer:
+        eos_token_id = None
+
+        def decode(self, ids, skip_special_tokens=True):
+            return ""
+
+    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], dtype=torch.int64)
+    ref = tiny.generate(prompt[None], max_new_tokens=20, do_sample=False, pad_token_id=0)[0]
+    params = dict(rm.make_params(max_new=20, k_tree=4, node_budget=6), _policies={})
+    for _ in range(2):
+        row = rm.run_one("sv_greedy_lookup_tree_auto", prompt, tiny, Tokenizer(), early_exit(tiny, 1), params)
+        assert row["_ids"] == ref.tolist() and row["k"] == 4 and row["node_budget"] == 6
+    policy = params["_policies"]["sv_greedy_lookup_tree_auto"]
+    assert isinstance(policy, AdaptiveK) and policy.k_max == 4 and policy.tree_draft
+    assert policy.rounds >= row["target_passes"] + 1  # both runs fed the same policy
+
+
 def test_warp_compare_configs_swap_only_the_warping(tiny):
     """experiments.real_model --warp-compare: a ``_torchwarp`` twin makes its rows with the torch
     warp (and the plain config with sv.warp), ``hf_sample_svwarp`` runs generate with the processor,
