@@ -12,14 +12,20 @@ noise the policy learns its costs from, and that makes a measured fixed-K curve 
 
 ``python -m experiments.k_replay`` replays :class:`specverify.adaptive.AdaptiveK` and every
 fixed K on the last ``choose_k`` run (``results/choose_k``) and prints, per prompt, auto / best
-fixed K and auto / plain over all prompt orders.
+fixed K and auto / plain over all prompt orders. With ``--evidence`` it replays the policy over
+several recorded runs (each with its own costs), longer texts (``--texts FILE:N1,N2``: a JSON
+``name -> {ids, text}``, replayed with the first run's costs at each ``max_new``) and jittered
+repeats of the first run (``--jitter-seeds``), and prints per (set, prompt) the worst and median
+ratio to the best fixed K over the orders: the table a change of policy is judged by.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -172,13 +178,83 @@ def recorded_prompts(summary, names=None) -> Dict[str, tuple]:
     return {n: (ids[n], summary["texts"][n]) for n in names}
 
 
+@dataclass(frozen=True)
+class EvidenceSet:
+    """One replay setting of :func:`evidence_table`: prompts replayed with a cost profile."""
+
+    label: str
+    profile: CostProfile
+    prompts: Dict[str, tuple]  # name -> (prompt_ids, text)
+    max_new: int
+    jitter_seed: Optional[int] = None
+    repeats: int = 1
+
+
+def evidence_sets(results: Sequence, texts: Sequence[str] = (), jitter_seeds: Sequence[int] = (),
+                  jitter_repeats: int = 3) -> list:
+    """Every recorded run in ``results`` (folders) with its own costs and texts; each ``texts`` entry
+    ``"FILE:N1,N2"`` (JSON ``name -> {ids, text}``) with the first run's costs, its texts cut to
+    ``max_new = N`` for each N; the first run again with each jitter seed (``jitter_repeats`` passes)."""
+    sets = []
+    for folder in results:
+        rows, summary = choose_k.load(folder)
+        sets.append(EvidenceSet(Path(folder).name if folder else choose_k.EXPERIMENT,
+                                CostProfile.from_rows(rows), recorded_prompts(summary), summary["params"]["max_new"]))
+    first = sets[0]
+    for spec in texts:
+        path, _, lengths = spec.rpartition(":")
+        loaded = json.loads(Path(path).read_text())
+        for n in (int(x) for x in lengths.split(",")):
+            sets.append(EvidenceSet(f"{Path(path).stem}@{n}", first.profile,
+                                    {name: (d["ids"], d["text"][:n]) for name, d in loaded.items()}, n))
+    for seed in jitter_seeds:
+        sets.append(EvidenceSet(f"{first.label} jitter {seed}", first.profile, first.prompts, first.max_new, seed,
+                                jitter_repeats))
+    return sets
+
+
+def evidence_table(make_policy: Callable[[], object], sets: Sequence[EvidenceSet]) -> Dict[tuple, tuple]:
+    """``(set label, prompt) -> (worst, median)`` of auto / best fixed K over every prompt order, and
+    ``(set label, "whole set") -> (worst, median)`` of the set ratio (see :func:`study`)."""
+    table = {}
+    for e in sets:
+        res = study(make_policy, e.prompts, e.profile, e.max_new, e.repeats, jitter_seed=e.jitter_seed)
+        for name, ratios in [*res["ratio_best"].items(), ("whole set", res["set_ratio"])]:
+            table[(e.label, name)] = (float(min(ratios)), float(np.median(ratios)))
+    return table
+
+
+def table_lines(tables: Dict[str, Dict[tuple, tuple]]) -> list:
+    """Side by side, per (set, prompt): ``worst/median`` of each named policy's :func:`evidence_table`,
+    then per policy the worst prompt and the geometric mean of the prompts' medians."""
+    names, keys = list(tables), list(next(iter(tables.values())))
+    lines = [f"{'set':24s} {'prompt':12s} " + " ".join(f"{n[:13]:>13s}" for n in names)]
+    lines += [f"{k[0][:24]:24s} {k[1]:12s} " + " ".join(f"  {tables[n][k][0]:.3f}/{tables[n][k][1]:.3f}" for n in names)
+              for k in keys]
+    prompts = [k for k in keys if k[1] != "whole set"]
+    for n in names:
+        medians = np.log([tables[n][k][1] for k in prompts])
+        lines.append(f"{n}: worst prompt {min(tables[n][k][0] for k in prompts):.3f}, "
+                     f"geometric mean of medians {np.exp(medians.mean()):.4f}")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--results", default=None, help="a choose_k results folder (default results/choose_k)")
+    ap.add_argument("--results", nargs="+", default=[None], help="choose_k results folders (default results/choose_k)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--jitter-seed", type=int, default=None, help="draw each pass's time from the recorded ones")
+    ap.add_argument("--evidence", action="store_true", help="the worst/median table over every --results, --texts, "
+                    "--jitter-seeds (see evidence_sets)")
+    ap.add_argument("--texts", nargs="*", default=[], help="FILE:N1,N2 longer texts replayed with the first run's costs")
+    ap.add_argument("--jitter-seeds", nargs="*", type=int, default=[])
     args = ap.parse_args(argv)
-    rows, summary = choose_k.load(args.results)
+    if args.evidence:
+        sets = evidence_sets(args.results, args.texts, args.jitter_seeds)
+        decay = choose_k.load(args.results[0])[1]["params"]["decay"]
+        print("\n".join(table_lines({"auto": evidence_table(lambda: choose_k.auto_policy(decay), sets)})))
+        return
+    rows, summary = choose_k.load(args.results[0])
     profile = CostProfile.from_rows(rows)
     prompts = recorded_prompts(summary)
     decay = summary["params"]["decay"]

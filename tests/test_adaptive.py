@@ -559,3 +559,43 @@ def test_replay_study_over_prompt_orders():
         [np.array([d]) for d in profile.draft]), 64, orders=[["a", "b"]], jitter_seed=0)
     assert jittered["fixed"][0]["a"] < res["fixed"][0]["a"]  # passes drawn from pools costing t or 2t
     assert "whole set" in k_replay.summary_lines(res)[-1]
+
+
+def test_replay_evidence_table_over_runs_texts_and_jitter(tmp_path):
+    """``evidence_sets`` reads a recorded run (its costs, texts, max_new), cuts a longer-text file at
+    each max_new and adds jittered repeats; ``evidence_table`` has one (worst, median) per set and
+    prompt and for the whole set, and a fixed K's table is exactly its ratio to the best fixed K."""
+    import csv
+    import json
+
+    from experiments import choose_k, k_replay, paths
+
+    run = tmp_path / "run"
+    run.mkdir()
+    t_of = lambda n: 0.05 + 0.01 * (n - 1)  # noqa: E731
+    with open(run / "runs.csv", "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=choose_k.FIELDS, extrasaction="ignore")
+        out.writeheader()
+        for k in [0, *choose_k.KS]:  # 2 rounds of each length, the second costing twice the first (jitter pools)
+            recs = [[k, k, 0, 0.001 * k, t_of(k + 1)], [k, k, 0, 0.001 * k, 2 * t_of(k + 1)]]
+            out.writerow(dict(repeat=0, prompt="a", config=f"K={k}" if k else "plain", seconds=1.0, rounds=2,
+                              draft_s=0.002 * k, target_s=3 * t_of(k + 1), records=json.dumps(recs)))
+    paths.write_json(run / "summary.json", dict(params=dict(max_new=64, repeats_done=1, decay=0.98),
+                                                texts={"a": REPLAY_TEXT}, prompt_ids={"a": REPLAY_PROMPT}))
+    longer = tmp_path / "longer.json"
+    longer.write_text(json.dumps({"b": dict(ids=REPLAY_PROMPT, text=REPLAY_TEXT + REPLAY_TEXT[:-1] * 2)}))
+    sets = k_replay.evidence_sets([run], [f"{longer}:10,30"], jitter_seeds=[0], jitter_repeats=2)
+    assert [(e.label, e.max_new, e.jitter_seed) for e in sets] == [("run", 64, None), ("longer@10", 10, None),
+                                                                     ("longer@30", 30, None), ("run jitter 0", 64, 0)]
+    assert len(sets[1].prompts["b"][1]) == 10 and sets[1].profile is sets[0].profile
+    np.testing.assert_allclose(sets[0].profile.target, [1.5 * t_of(n) for n in range(1, 10)])
+    table = k_replay.evidence_table(lambda: FixedK(3), sets)
+    assert list(table) == [(e.label, p) for e in sets for p in [*e.prompts, "whole set"]]
+    for e in sets[:3]:  # deterministic replay: every order gives the same ratio, K=3's to the best K
+        res = k_replay.study(lambda: FixedK(3), e.prompts, e.profile, e.max_new)
+        (name,) = e.prompts
+        ratio = res["fixed"][3][name] / max(res["fixed"][k][name] for k in choose_k.KS)
+        assert table[(e.label, name)] == pytest.approx((ratio, ratio), rel=1e-12)
+    assert all(0.3 < w <= m < 2 for w, m in table.values())
+    lines = k_replay.table_lines({"K=3": table, "K=3 again": table})
+    assert len(lines) == 1 + len(table) + 2 and "worst prompt" in lines[-1]
