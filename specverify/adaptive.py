@@ -61,7 +61,12 @@ Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are
 same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
 are not what a draft-side policy needs.
 
-Block verification (``SpeculativeDecoder(method="block")``) keeps its exactness under the same
+Tree rounds (the draft returns a tree; K is its depth) are exact by the same argument one level
+up: the depth is chosen from ``(x, H)`` before drafting, and :func:`specverify.accept_tree` (or
+``verify_tree_greedy``) emits the target's law for any tree built from the prefix and draft-side
+randomness (deterministic children, or children drawn from the rows handed over, as its rule
+requires), whatever decided its shape; the decoder's joint-law test runs trees with an adaptive
+depth. Block verification (``SpeculativeDecoder(method="block")``) keeps its exactness under the same
 condition (VERIFY_ALGORITHMS.md section F, verified by enumeration there; the decoder's joint-law
 test runs it with an adaptive K and the stop). Greedy verification is exact for any proposal at all (it emits the target's argmax), so these
 questions only concern speculative sampling.
