@@ -127,7 +127,7 @@ def test_request_result_does_not_depend_on_the_batch_around_it():
         before, after = random_batch(rng, int(rng.integers(0, 6)), 300), random_batch(rng, 3, 300)
         parts = [before, probe, after]
         args = concatenate_batches(parts)
-        output, accepted = sv.verify_batch(**args, num_threads=int(rng.integers(1, 4)))
+        output, accepted = sv.verify_batch(**args, num_threads=rng.integers(1, 4))  # a NumPy integer is an integer
         r = len(before["method"])
         assert accepted[r] == want_n and output[r, want_n] == want_token
 
