@@ -257,7 +257,9 @@ class AdaptiveK:
     expected depth the trees reach (from the proposal rates) times their nodes per level
     (:meth:`tree_width`, decayed over the trees seen, kept across sequences like the costs) and
     ``T`` interpolated between the token counts timed: a draft whose trees are wide pays for
-    its width at every depth, which the chain pricing (``K + 1`` tokens at most) would miss. Every ``explore_every``-th round asks
+    its width at every depth, which the chain pricing (``K + 1`` tokens at most) would miss.
+
+    Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
     observed (and, after K = 0, that drafting is tried again). Deterministic given the rounds it saw.
     The prior is optimistic on purpose (``prior_rate`` 0.8): a policy that believes drafting does
@@ -366,8 +368,8 @@ class AdaptiveK:
         proposed = np.cumprod(g)
         survival = np.minimum(np.cumprod(g * a), proposed)
         if self.tree_draft:
-            # A tree asked for depth K scores its nodes, not K tokens: the pass is priced at the
-            # nodes the draft's trees had when asked for K (decayed means; unseen K in proportion).
+            # A tree asked for depth K scores its nodes, not K + 1 tokens: the pass is priced at
+            # 1 + (nodes per level) x (expected depth reached) tokens (_tree_pass_costs).
             tokens = 1.0 + np.concatenate([[0.0], np.cumsum(survival)])  # [k_max + 1]
             curve = tokens / (np.concatenate([[0.0], d]) + np.concatenate([[1.0], self._tree_pass_costs()]))
         else:

@@ -294,11 +294,11 @@ class SpeculativeDecoder:
                 stats.draft_time += draft_s
                 if isinstance(returned, DraftTree):
                     depth = self._checked_depth(returned, m)
-                if isinstance(returned, DraftTree) and returned.n_nodes:
-                    tree = returned
-                    returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
-                elif isinstance(returned, DraftTree):
-                    returned = (returned.tokens, None)  # an empty tree: a plain target step
+                    if returned.n_nodes:
+                        tree = returned
+                        returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
+                    else:
+                        returned = (returned.tokens, None)  # an empty tree: a plain target step
                 tokens, draft_probs = draft_result(returned)
                 if tree is not None:
                     m = tree.n_nodes
