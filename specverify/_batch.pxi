@@ -689,9 +689,7 @@ cdef object _verify_batch_entry(object target_probs, object draft_probs, object 
     draft_tokens = _tokens(draft_tokens, "draft_tokens", &tokens_given, &n_tokens, held)
     n_requests = n_cu - 1
     if num_threads is not None:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-        threads = min(int(num_threads), MAX_THREADS)
+        threads = min(_inputs.thread_count(num_threads), MAX_THREADS)
 
     # The call's own memory: int64 offsets, tokens and uniform starts, per-request statuses and
     # rows, then the uniforms (counted below) and the byte-wide per-request flags.

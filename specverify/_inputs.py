@@ -9,7 +9,9 @@ torch is never imported here unless asked to draw from its default generator: a 
 exist if the caller imported torch.
 """
 
+import numbers
 import sys
+
 import numpy as np
 
 FLOAT32_BYTES = 4
@@ -306,6 +308,13 @@ def batch_mask(mask, n_requests, name):
     if mask.shape != (n_requests,):
         raise ValueError(f"{name} must have one entry per request (R = {n_requests}), got shape {_shape_text(mask.shape)}")
     return mask.astype(np.uint8)
+
+
+def thread_count(num_threads):
+    """``num_threads`` as an int >= 1 (any integral type but bool), else a ``ValueError``."""
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+    return int(num_threads)
 
 
 def draw_uniforms(generator, count):

@@ -25,7 +25,6 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, strcmp
 
-import numbers
 import sys
 import threading
 

@@ -487,9 +487,7 @@ def linear(x, weight, bias=None, out=None, *, num_threads=1):
     Returns:
         float32 ``[..., out]``: ``out``, else a new array (a tensor if x is one).
     """
-    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
-        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
-    threads = int(num_threads)
+    threads = _inputs.thread_count(num_threads)
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) <= 2:
         return _kernels.linear(x, weight, bias, out, threads)
