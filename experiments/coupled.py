@@ -103,19 +103,6 @@ def coupled_decoder(draft_step, target_step, k, seed, eos_token_id=None):
     return dec
 
 
-class _NoDraft:
-    """A policy asking for no draft: one target pass per token (plain decoding, same loop)."""
-
-    k_max = 1
-    stop = None
-
-    def draft_length(self, limit):
-        return 0
-
-    def observe(self, record):
-        pass
-
-
 def run_one(config, model, prompt_ids, params, seed, eos):
     from specverify.integrations.transformers import speculative_callbacks
 
@@ -123,7 +110,9 @@ def run_one(config, model, prompt_ids, params, seed, eos):
     tree = config == "tree"
     draft_step, target_step = speculative_callbacks(model, "prompt_lookup", greedy=False, tree=tree,
                                                     node_budget=params["node_budget"], **sample)
-    k = {"plain": _NoDraft(), "chain": params["k_lookup"], "tree": params["k_tree"]}[config]
+    from .choose_k import PlainDecoding
+
+    k = {"plain": PlainDecoding(), "chain": params["k_lookup"], "tree": params["k_tree"]}[config]
     dec = coupled_decoder(draft_step, target_step, k, seed, eos)
     t0 = time.perf_counter()
     out = dec.generate(prompt_ids, params["max_new"])
@@ -161,13 +150,16 @@ def compute(params, seeds, out_dir=None, log=print):
 def summary(rows) -> str:
     """Per prompt: pooled tok/s of each config, tokens per pass, chain and tree over plain, tree over
     chain, and whether every seed sampled one text for all configs."""
+    from .real_model import pooled_rates
+
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
+    rates = pooled_rates(rows)
     lines = ["| prompt | plain tok/s | chain tok/s | tree tok/s | tokens per pass chain / tree | chain ÷ plain "
              "| tree ÷ plain | tree ÷ chain | same text |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
     ratios = {"chain": [], "tree": [], "tree/chain": []}
     for name in prompts:
         by = {c: [r for r in rows if r["prompt"] == name and r["config"] == c] for c in CONFIGS}
-        tps = {c: sum(int(r["new_tokens"]) for r in v) / sum(float(r["seconds"]) for r in v) for c, v in by.items()}
+        tps = {c: rates[(c, name)] for c in CONFIGS}
         tpp = {c: sum(int(r["new_tokens"]) for r in v) / sum(int(r["target_passes"]) for r in v) for c, v in by.items()}
         seeds = sorted({r["seed"] for r in by["plain"]})
         same = sum(len({r["text_hash"] for c in CONFIGS for r in by[c] if r["seed"] == s}) == 1 for s in seeds)

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from experiments import coupled  # noqa: E402
+from experiments.choose_k import PlainDecoding  # noqa: E402
 from experiments.synthetic import markov_callbacks  # noqa: E402
 from test_decoder import ALPHA, bigram_pair, continuation_chisquare  # noqa: E402
 from test_decoder_tree import markov_tree_draft, markov_tree_target  # noqa: E402
@@ -33,7 +34,7 @@ def decoders(seed=SEED):
     target, draft = bigram_pair(seed, VOCAB, lam=0.5)
     chain_draft, target_step = markov_callbacks(target, draft, None, greedy=True, pass_probs=False)
     return target, {
-        "plain": coupled.coupled_decoder(chain_draft, target_step, coupled._NoDraft(), seed),
+        "plain": coupled.coupled_decoder(chain_draft, target_step, PlainDecoding(), seed),
         "chain": coupled.coupled_decoder(chain_draft, target_step, 3, seed),
         "tree": coupled.coupled_decoder(markov_tree_draft(draft, (2, 2, 1)), markov_tree_target(target), 3, seed),
     }
