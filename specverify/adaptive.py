@@ -368,12 +368,11 @@ class AdaptiveK:
         proposed = np.cumprod(g)
         survival = np.minimum(np.cumprod(g * a), proposed)
         if self.tree_draft:
-            # A tree asked for depth K scores its nodes, not K + 1 tokens: the pass is priced at
-            # 1 + (nodes per level) x (expected depth reached) tokens (_tree_pass_costs).
-            tokens = 1.0 + np.concatenate([[0.0], np.cumsum(survival)])  # [k_max + 1]
-            curve = tokens / (np.concatenate([[0.0], d]) + np.concatenate([[1.0], self._tree_pass_costs()]))
-        else:
-            curve = law.speedup_curve(survival=survival, c=d, target_cost=t, proposed=proposed)
+            # A tree asked for depth K scores its nodes, not K + 1 tokens: its pass costs
+            # _tree_pass_costs()[K - 1] (1 + nodes per level x expected depth reached, which
+            # already counts how often levels are proposed), entered as the law's T(K + 1).
+            t, proposed = np.concatenate([[1.0], self._tree_pass_costs()]), None
+        curve = law.speedup_curve(survival=survival, c=d, target_cost=t, proposed=proposed)
         self.last_curve = curve
         lo = min(self.k_min, hi)
         k = lo + int(np.argmax(curve[lo : hi + 1]))
