@@ -201,6 +201,7 @@ cdef extern from *:
         float lanes[64];
         Py_ssize_t step;
         memcpy(&bits, signs, 64);
+        #pragma GCC unroll 1
         for (step = 0; step < steps; step++) {
             SV_LOAD_STEP(x + 64 * step, v0, v1, v2, v3);
             s0 += v0; s1 += v1; s2 += v2; s3 += v3;   /* lanes 0-15, 16-31, 32-47, 48-63 */
@@ -229,6 +230,7 @@ cdef extern from *:
         float lanes[64];
         Py_ssize_t step;
         memcpy(&bits, signs, 64);
+        #pragma GCC unroll 1
         for (step = 0; step < steps; step++) {
             SV_LOAD_STEP(p + 64 * step, p0, p1, p2, p3);
             SV_LOAD_STEP(q + 64 * step, q0, q1, q2, q3);
