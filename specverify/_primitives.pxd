@@ -225,8 +225,8 @@ cdef extern from *:
        two float-add pipes, which bound this loop, to the 16 subtractions and 48 sums of a
        block (max_ps shares those pipes: accept_block worst warm was 6-11% slower).  d is never
        NaN in a valid row (p and q finite, q * c finite or +Inf); a row holding a NaN or Inf is
-       rejected through the bits this pass ORs, whatever its sums.  With c == 1 (accept's ratio) the product is skipped
-       (q * 1 == q), so that case compiles without it. */
+       rejected through the bits this pass ORs, whatever its sums.  With c == 1 (accept's ratio)
+       the product is skipped (q * 1 == q), so that case compiles without it. */
     #define SV_POSITIVE_PART(d) ((sv_f32x16) _mm512_max_epi32((__m512i) (d), _mm512_setzero_si512()))
     static inline __attribute__((always_inline)) void sv_pair_steps(
             const float* p, const float* q, float c, int scaled, Py_ssize_t steps,
