@@ -341,13 +341,20 @@ class AdaptiveK:
         ks = np.arange(1, self.k_max + 1)
         if self.target_cost is not None:
             d = law._cost_values(self.draft_cost, ks, "draft_cost")
-            t = law._cost_values(self.target_cost, np.arange(1, self.k_max + 2), "target_cost")
+            t = self._target_costs(np.arange(1, self.k_max + 2))
             return d, t / t[0]
         if not (self.target_fit.seen and self.draft_fit.seen):
             return None
-        t = np.maximum(self.target_fit(np.arange(1, self.k_max + 2)), 1e-12)  # [k_max + 1] seconds
+        t = self._target_costs(np.arange(1, self.k_max + 2))  # [k_max + 1] seconds
         d = np.maximum(self.draft_fit(ks), 0.0)  # [k_max] seconds
         return d / t[0], t / t[0]
+
+    def _target_costs(self, counts: np.ndarray) -> np.ndarray:
+        """A target pass scoring each of ``counts`` tokens: the given ``target_cost``, else the
+        seconds fitted from this decoder's timings (kept above 0)."""
+        if self.target_cost is not None:
+            return law._cost_values(self.target_cost, counts, "target_cost")
+        return np.maximum(self.target_fit(counts), 1e-12)
 
     # -- the policy -----------------------------------------------------------------------------
     def begin(self) -> None:
@@ -393,10 +400,7 @@ class AdaptiveK:
         reached = np.cumsum(np.cumprod(self.proposal_rates()))  # [k_max] E[depth | K]
         counts = 1.0 + self.tree_width() * reached
         grid = np.arange(1, int(np.ceil(counts.max())) + 1)  # token counts 1..max
-        if self.target_cost is not None:
-            t = law._cost_values(self.target_cost, grid, "target_cost")
-        else:
-            t = np.maximum(self.target_fit(grid), 1e-12)
+        t = self._target_costs(grid)
         return np.interp(counts, grid, t) / t[0]
 
     def observe(self, r: RoundRecord) -> None:
