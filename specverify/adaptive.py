@@ -410,9 +410,9 @@ class AdaptiveK:
             arr *= dec
         self.prior_weight *= dec
         m, n, asked = r.proposed, r.accepted, min(r.asked, self.k_max)
-        # positions the proposal reaches: a chain's tokens, a tree's depth (its nodes are m)
-        reach = m if r.depth is None else min(r.depth, asked)
-        if r.depth is not None:
+        reach = m  # positions the proposal reaches: a chain's tokens
+        if r.depth is not None:  # a tree: its depth (its nodes are m)
+            reach = min(r.depth, asked)
             self.tree_draft = True
             if r.depth > 0:
                 self.tree_nodes = dec * self.tree_nodes + m
