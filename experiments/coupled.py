@@ -28,7 +28,6 @@ pass and the ratios, checking that all three sampled the same text. Writes
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 from pathlib import Path
 
@@ -140,10 +139,7 @@ def compute(params, seeds, out_dir=None, log=print):
                     f"{row['tokens_per_pass']:.2f} tok/pass")
     out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / CSV_NAME, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    real_model._write_csv(out_dir / CSV_NAME, rows, FIELDS)
     return rows
 
 
