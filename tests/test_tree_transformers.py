@@ -1,8 +1,8 @@
 """One forward scores a whole draft tree: transformers adapter tests (counts and values, never wall-clock).
 
 Sections:
-- a tiny random Llama (eager and sdpa attention): tree rows equal scoring each root-to-node path
-  separately; after compaction the KV cache equals that of the plain prefix + accepted path; an
+- a tiny random Llama (eager, sdpa, and ``use_grouped_attention``'s sdpa with grouped heads): tree
+  rows equal scoring each root-to-node path separately, and grouped heads give sdpa's bits; after compaction the KV cache equals that of the plain prefix + accepted path; an
   attention implementation that cannot take a tree mask is refused with a message; greedy decoding
   with prompt-lookup trees equals ``model.generate(do_sample=False)``;
 - multi-candidate prompt lookup: the trie of candidates;
@@ -23,6 +23,7 @@ from specverify.integrations.transformers import (  # noqa: E402
     PromptLookupTreeDraft,
     early_exit,
     speculative_callbacks,
+    use_grouped_attention,
 )
 from specverify.tree_drafts import path_to  # noqa: E402
 
@@ -42,8 +43,12 @@ def tiny_llama(attn_implementation):
     return model
 
 
-@pytest.fixture(scope="module", params=["eager", "sdpa"])
+@pytest.fixture(scope="module", params=["eager", "sdpa", "grouped"])
 def tiny(request):
+    if request.param == "grouped":  # sdpa handing the grouped key/value heads to torch (use_grouped_attention)
+        model = tiny_llama("sdpa")
+        use_grouped_attention(model)
+        return model
     return tiny_llama(request.param)
 
 
@@ -115,6 +120,39 @@ def test_tree_mask_needs_eager_or_sdpa():
     model.config._attn_implementation = "flash_attention_2"  # as a model loaded with it would say
     with pytest.raises(ValueError, match="eager, sdpa.*'flash_attention_2'"):
         CachedCausalLM(model).tree_logits(torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([-1]))
+
+
+def test_grouped_attention_gives_sdpa_bits_without_copying_heads(monkeypatch):
+    """use_grouped_attention: chain and tree passes give exactly sdpa's logits, never call
+    repeat_kv for multi-token passes, and restore() gives sdpa back."""
+    import transformers.integrations.sdpa_attention as sdpa_module
+
+    g = torch.Generator().manual_seed(3)
+    seq = torch.randint(0, VOCAB, (40,), generator=g)
+    tokens = torch.randint(0, VOCAB, (len(PARENTS),), generator=g)
+    parents = torch.tensor(PARENTS)
+
+    def passes(model):
+        lm = CachedCausalLM(model)
+        rows = [lm.logits(seq[:30], 30), lm.logits(seq[:36], 6), lm.logits(seq[:37], 1)]
+        rows.append(lm.tree_logits(seq[:37], tokens, parents))
+        return rows
+
+    model = tiny_llama("sdpa")
+    expected = passes(model)
+    copies = []
+    monkeypatch.setattr(sdpa_module, "repeat_kv", lambda x, n: copies.append(x.shape) or x.repeat_interleave(n, 1))
+    passes(model)
+    assert copies  # sdpa itself copies the grouped heads
+    copies.clear()
+    handle = use_grouped_attention(model)
+    assert model.config._attn_implementation == "specverify_grouped_sdpa"
+    got = passes(model)
+    assert not copies
+    for e, r in zip(expected, got):
+        assert torch.equal(e, r)
+    handle.restore()
+    assert model.config._attn_implementation == "sdpa"
 
 
 def test_prompt_lookup_tree_merges_candidates():

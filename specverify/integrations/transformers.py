@@ -32,6 +32,8 @@ Pieces:
   which reads the weights once per call whatever the number of tokens (torch's CPU matmul reads
   them once per token for a few tokens): the multi-token passes that score drafts, and plain
   decoding's one-token passes, get cheaper.
+- :func:`use_grouped_attention`: ``sdpa`` attention that does not copy grouped key/value heads
+  out to every query head in multi-token passes (same bits, less time at long contexts).
 
 Example::
 
@@ -379,7 +381,8 @@ class CachedCausalLM:
         return old <= tokens.numel() and torch.equal(tokens[:old], old_tokens) and torch.equal(parents[:old], old_parents)
 
 
-TREE_ATTENTION = ("eager", "sdpa")  # implementations that take an arbitrary additive 4D mask
+GROUPED_SDPA = "specverify_grouped_sdpa"  # use_grouped_attention's implementation: sdpa without repeat_kv
+TREE_ATTENTION = ("eager", "sdpa", GROUPED_SDPA)  # implementations that take an arbitrary additive 4D mask
 
 
 def _check_tree_attention(model) -> None:
@@ -721,6 +724,74 @@ def use_fast_linears(model: torch.nn.Module, num_threads: Optional[int] = None) 
             module.forward = functools.partial(_fast_linear_forward, module, num_threads)
             switched.append(module)
     return FastLinears(switched)
+
+
+# -- the target's attention --------------------------------------------------------------------
+def _grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                            **kwargs):
+    """``transformers``' ``sdpa`` attention, except that a CPU pass scoring several tokens hands
+    grouped key/value heads to torch's SDPA (``enable_gqa=True``) instead of copying them out to
+    every query head (``repeat_kv``, a copy of the layer's whole cache). Shapes as ``sdpa``'s:
+    ``query [b, H, q, d]``, ``key``/``value [b, H / g, kv, d]`` -> ``([b, q, H, d], None)``.
+    Anything else (one query, no grouping, other devices, position biases, an unmasked pass whose
+    causal alignment needs ``sdpa``'s cropping) goes to ``sdpa`` itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if (getattr(module, "num_key_value_groups", 1) == 1 or q_len == 1 or query.device.type != "cpu"
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or (attention_mask is None and q_len != kv_len)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    causal = attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=causal,
+                                                           enable_gqa=True)  # [b, H, q, d]
+    return out.transpose(1, 2).contiguous(), None
+
+
+class GroupedAttention:
+    """What :func:`use_grouped_attention` switched; ``restore()`` (or leaving the ``with`` block)
+    gives the model its previous attention implementation back."""
+
+    def __init__(self, model, previous: Optional[str]):
+        self.model, self.previous = model, previous
+
+    def restore(self) -> None:
+        if self.model is not None and self.previous is not None:
+            self.model.set_attn_implementation(self.previous)
+        self.model = None
+
+    def __enter__(self) -> "GroupedAttention":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+def use_grouped_attention(model) -> GroupedAttention:
+    """Run ``model``'s attention as ``sdpa`` without copying grouped key/value heads.
+
+    Why: with grouped-query attention (SmolLM2: 9 query heads share 3 key/value heads),
+    ``transformers`` 5.24's ``sdpa`` copies each layer's cached keys and values out to every query
+    head in a pass that scores several tokens under a mask, as every chain and tree round does (a
+    one-token pass skips the copy); the copy grows with the context. torch's SDPA takes the grouped
+    heads itself (``enable_gqa=True``). On the CPU the logits are the same bits (tested), so greedy
+    output and every comparison with ``generate`` on the same model are unchanged. The setting is
+    the model's own (``model.set_attn_implementation``), not the process's, as the
+    ``TRANSFORMERS_SDPA_FORCE_GQA=1`` environment variable would be; tree scoring accepts it.
+
+    Returns:
+        a :class:`GroupedAttention` handle: ``restore()`` sets the previous implementation back.
+    """
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(GROUPED_SDPA, _grouped_sdpa_attention)
+    AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)
+    previous = getattr(model.config, "_attn_implementation", None)
+    model.set_attn_implementation(GROUPED_SDPA)
+    return GroupedAttention(model, previous)
 
 
 # -- drafts made from the target ---------------------------------------------------------------
