@@ -82,6 +82,58 @@ PROMPTS = {
     ),
     "open": "Write a short story about a robot who learns to paint.",
 }
+LONG_CODE = '''import csv
+from collections import defaultdict
+from pathlib import Path
+
+
+def load_orders(path):
+    """Read the orders file: one row per order, with customer, region, amount and status."""
+    orders = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row["status"] == "cancelled":
+                continue
+            orders.append({"customer": row["customer"], "region": row["region"],
+                           "amount": float(row["amount"]), "status": row["status"]})
+    return orders
+
+
+def totals_by_region(orders):
+    """Sum the amounts of the orders of each region."""
+    totals = defaultdict(float)
+    for order in orders:
+        totals[order["region"]] += order["amount"]
+    return dict(totals)
+
+
+def top_customers(orders, n=5):
+    """The n customers with the largest total amount, largest first."""
+    spent = defaultdict(float)
+    for order in orders:
+        spent[order["customer"]] += order["amount"]
+    ranked = sorted(spent.items(), key=lambda item: item[1], reverse=True)
+    return ranked[:n]
+
+
+def write_report(orders, out_path):
+    """Write the totals by region and the top customers to a text report."""
+    out_path = Path(out_path)
+    lines = ["Totals by region:"]
+    for region, total in sorted(totals_by_region(orders).items()):
+        lines.append(f"  {region}: {total:.2f}")
+    lines.append("Top customers:")
+    for customer, total in top_customers(orders):
+        lines.append(f"  {customer}: {total:.2f}")
+    out_path.write_text("\\n".join(lines) + "\\n")
+    return out_path
+'''
+# Selectable with --prompts, not part of the default set: a long context (~450 tokens of prompt), where
+# multi-token passes pay for sdpa's repeat_kv copy (see --attention) and prompt lookup has much to copy.
+LONG_PROMPTS = {
+    "long_code": "Add a docstring line saying 'Amounts are in euros.' to load_orders and show the whole "
+                 "module, unchanged otherwise:\n```python\n" + LONG_CODE + "```",
+}
 CONFIGS = ["hf_greedy", "hf_greedy_torchlinears", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "hf_sample_torchlinears", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
@@ -105,10 +157,10 @@ PASS_FIELDS = ["prompt", "node_budget", "nodes", "seconds"]
 
 
 def make_params(max_new=64, k_lookup=5, k_ee=3, ee_layers=12, temperature=0.7, top_k=50, top_p=1.0, seed=0,
-                k_tree=12, node_budget=16, ee_node_budget=8, linears="specverify"):
+                k_tree=12, node_budget=16, ee_node_budget=8, linears="specverify", attention="sdpa"):
     return dict(max_new=max_new, k_lookup=k_lookup, k_ee=k_ee, ee_layers=ee_layers,
                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, k_tree=k_tree,
-                node_budget=node_budget, ee_node_budget=ee_node_budget, linears=linears)
+                node_budget=node_budget, ee_node_budget=ee_node_budget, linears=linears, attention=attention)
 
 
 class _TorchLinears:
@@ -297,12 +349,14 @@ def _load(params, prompts, log):
     import torch
 
     from specverify.integrations import smollm2
-    from specverify.integrations.transformers import early_exit, use_fast_linears
+    from specverify.integrations.transformers import early_exit, use_fast_linears, use_grouped_attention
 
     t0 = time.perf_counter()
     model, tokenizer = smollm2.load(log=log)
     if params["linears"] == "specverify":
         use_fast_linears(model)  # the early-exit draft shares these layers
+    if params.get("attention", "sdpa") == "grouped":
+        use_grouped_attention(model)  # before early_exit, whose config copies the target's
     log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads, "
         f"attention {model.config._attn_implementation})")
     draft_model = early_exit(model, params["ee_layers"])
@@ -621,11 +675,13 @@ def main(argv=None):
     ap.add_argument("--linears", choices=["specverify", "torch"], default="specverify",
                     help="the model's nn.Linear layers: specverify.linear (use_fast_linears) or torch's; "
                          "the *_torchlinears configs use torch's either way")
+    ap.add_argument("--attention", choices=["sdpa", "grouped"], default="sdpa",
+                    help="grouped: use_grouped_attention (sdpa without repeat_kv's copy; same bits)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--tree-sweep", action="store_true", help="the node-budget sweep instead of the config table")
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--prompts", default=",".join(PROMPTS), help=f"also: {', '.join(LONG_PROMPTS)}")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the cached CSV")
     args = ap.parse_args(argv)
     out_dir = paths.RESULTS_DIR / EXPERIMENT
@@ -641,8 +697,12 @@ def main(argv=None):
         params = make_params(max_new=args.max_new, k_lookup=args.k_lookup, k_ee=args.k_ee, ee_layers=args.ee_layers,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                              k_tree=args.k_tree, node_budget=args.node_budget, ee_node_budget=args.ee_node_budget,
-                             linears=args.linears)
-        prompts = {n: PROMPTS[n] for n in args.prompts.split(",") if n}
+                             linears=args.linears, attention=args.attention)
+        known = {**PROMPTS, **LONG_PROMPTS}
+        unknown = [n for n in args.prompts.split(",") if n and n not in known]
+        if unknown:
+            raise SystemExit(f"unknown prompts {unknown}; known: {list(known)}")
+        prompts = {n: known[n] for n in args.prompts.split(",") if n}
         print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     if args.warp_compare:
         csv_path = out_dir / WARP_CSV
@@ -681,7 +741,9 @@ def main(argv=None):
     print("\nspeedup by prompt      " + " ".join(f"{p:>12s}" for p in prompts))
     for config in dict.fromkeys(r["config"] for r in rows):
         print(f"{config:22s} " + " ".join(f"{speed[(config, p)]:11.2f}x" for p in prompts))
-    print(f"csv: {csv_path}\nfigure: {plot(csv_path)}")
+    # media/real_model.png shows the default prompt set; a run on LONG_PROMPTS does not redraw it
+    figure = plot(csv_path) if set(prompts) <= set(PROMPTS) else "not redrawn (prompts outside PROMPTS)"
+    print(f"csv: {csv_path}\nfigure: {figure}")
 
 
 if __name__ == "__main__":
