@@ -24,8 +24,9 @@ must read divided by the single-thread read bandwidth the main bench's probe mea
 read size and cache state; ``batch floor`` = for warm batches, their total bytes divided by the
 bandwidth of one buffer of that total size read again and again (a batch of 8 requests at V =
 32000 is already 4 MB, beyond L2, so the summed per-request floors, each at L2 speed, are no
-reachable time for it), for cold ones the summed floors.  Per-request cost at V = 8 (kernels doing almost nothing) is the slope
-(T(R) - T(1)) / (R - 1), an upper bound on the per-request overhead beyond the kernel.
+reachable time for it), for cold ones the summed floors.  Per-request cost at V = 8 (kernels
+doing almost nothing) is the slope (T(R) - T(1)) / (R - 1), an upper bound on the per-request
+overhead beyond the kernel.
 """
 
 from __future__ import annotations
