@@ -19,9 +19,10 @@ Drafts replayed on each prompt of :data:`experiments.real_model.PROMPTS`:
   proposed only in the rounds whose first token is accepted, else nothing; the best shape over the
   prompt set is reported. No rule that decides from the prefix when to propose can do better with
   these tries;
-- ``path oracle``: each round proposes exactly the accepted part of the best continuation of any
-  earlier occurrence of the last token, charged for those tokens only. It bounds every draft that
-  copies from the context, whatever its tree and its gate.
+- ``path oracle``: each round proposes exactly the accepted part of the best continuation (up to
+  16 tokens) of any earlier occurrence of the last token, charged for those tokens only. It bounds
+  every draft that copies what followed an earlier occurrence of the last token, whatever its tree
+  and its gate.
 
 ``python -m experiments.lookup_bound`` generates the greedy texts and measures the pass costs (about
 a minute; cached in ``results/lookup_bound/summary.json``, ``--recompute`` to redo) and prints per
