@@ -25,9 +25,9 @@ Drafts replayed on each prompt of :data:`experiments.real_model.PROMPTS`:
   and its gate.
 
 ``python -m experiments.lookup_bound`` generates the greedy texts and measures the pass costs (about
-a minute; cached in ``results/lookup_bound/summary.json``, ``--recompute`` to redo) and prints per
-prompt tok/s over plain decoding and over the chain, and their mean over the prompts (the measure of
-issue 16's goal, a tree at >= 1.2x the chain).
+a minute; cached in ``results/lookup_bound/summary.json`` for one ``--max-new``, ``--recompute`` to
+redo) and prints per prompt tok/s over plain decoding and over the chain, and their mean over the
+prompts (the measure of issue 16's goal, a tree at >= 1.2x the chain).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None):
     ap.add_argument("--recompute", action="store_true")
     args = ap.parse_args(argv)
     path = paths.RESULTS_DIR / EXPERIMENT / "summary.json"
-    if args.recompute or not path.exists():
+    if args.recompute or not path.exists() or paths.read_json(path).get("max_new") != args.max_new:
         path.parent.mkdir(parents=True, exist_ok=True)
         paths.write_json(path, measure(args.max_new))
     summary = paths.read_json(path)
