@@ -133,7 +133,8 @@ def trie_draft(budget: int, depth: int, min_ngram: int):
 
 
 def path_oracle(depth: int = 16):
-    """The accepted part of the best continuation of any earlier occurrence of the last token."""
+    """The accepted part of the best continuation (up to ``depth`` tokens) of any earlier
+    occurrence of the last token: an oracle, it reads the text still to come."""
 
     def propose(seq, rest):
         best: List[int] = []
@@ -150,11 +151,11 @@ def path_oracle(depth: int = 16):
 
 def analyse(prompts: Dict[str, tuple], cost: Callable[[int, bool], float]) -> dict:
     """Per prompt (name -> (prompt_ids, text)) the replays of every draft, and the best oracle shape."""
-    plain = {name: replay(ids, text, lambda s, r: ([], []), cost)["tokens_per_s"] for name, (ids, text) in prompts.items()}
-    out = {"plain": plain, "drafts": {}}
-
     def run(make, oracle=False):
         return {name: replay(ids, text, make(), cost, oracle) for name, (ids, text) in prompts.items()}
+
+    plain = run(lambda: (lambda seq, rest: ([], [])))  # no draft: one token per pass
+    out = {"plain": {name: r["tokens_per_s"] for name, r in plain.items()}, "drafts": {}}
 
     out["drafts"]["chain"] = run(chain_draft)
     out["drafts"]["tree"] = run(tree_draft)
