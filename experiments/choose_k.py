@@ -136,9 +136,7 @@ def compute(params, prompts=None, out_dir=None, log=print):
 
         use_fast_linears(model)
     eos = tokenizer.eos_token_id
-    ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)["input_ids"][0]
-           for name, text in prompts.items()}
+    ids = real_model.chat_ids(tokenizer, prompts)
     auto = auto_policy(params["decay"])
     policies = {"plain": PlainDecoding, "auto": lambda: auto, **{f"K={k}": (lambda k=k: FixedK(k)) for k in KS}}
     run_one(model, next(iter(ids.values())), FixedK(4), 8, eos)  # warm-up: first passes allocate

@@ -172,9 +172,7 @@ def recorded_prompts(summary, names=None) -> Dict[str, tuple]:
         from . import real_model
 
         tok = AutoTokenizer.from_pretrained(smollm2.cache_dir(), local_files_only=True)
-        ids = {n: tok.apply_chat_template([{"role": "user", "content": real_model.PROMPTS[n]}],
-                                          add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)["input_ids"][0].tolist() for n in names}
+        ids = {n: v.tolist() for n, v in real_model.chat_ids(tok, {n: real_model.PROMPTS[n] for n in names}).items()}
     return {n: (ids[n], summary["texts"][n]) for n in names}
 
 

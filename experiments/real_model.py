@@ -345,6 +345,14 @@ def _write_csv(path, rows, fields):
         writer.writerows(rows)
 
 
+def chat_ids(tokenizer, prompts):
+    """name -> int64 token ids ``[L]`` of each prompt as one user turn of the chat template, with
+    the assistant's turn opened (what ``generate`` and the decoders continue)."""
+    return {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)["input_ids"][0]
+            for name, text in prompts.items()}
+
+
 def _load(params, prompts, log):
     import torch
 
@@ -360,9 +368,7 @@ def _load(params, prompts, log):
     log(f"model loaded in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} torch threads, "
         f"attention {model.config._attn_implementation})")
     draft_model = early_exit(model, params["ee_layers"])
-    ids = {name: tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                               return_tensors="pt", return_dict=True)["input_ids"][0]
-           for name, text in prompts.items()}
+    ids = chat_ids(tokenizer, prompts)
     run_one("sv_greedy_lookup_tree", next(iter(ids.values())), model, tokenizer, draft_model,
             dict(params, max_new=8))  # warm-up: first passes allocate
     return model, tokenizer, draft_model, ids
