@@ -111,23 +111,20 @@ def tree_draft(budget: int = TREE_BUDGET, depth: int = TREE_DEPTH):
 
 
 def trie_draft(budget: int, depth: int, min_ngram: int):
-    """Every candidate, always: the chain's proposal, then each earlier continuation of the last
-    3, 2, ..., ``min_ngram`` tokens (earliest first), merged into a trie of ``budget`` nodes."""
-    from specverify.integrations.transformers import PromptLookupDraft, suffix_matches
+    """Every candidate, always: :class:`PromptLookupTreeDraft`'s continuations (the chain's proposal,
+    then each earlier continuation of the last 3, 2, ..., ``min_ngram`` tokens, earliest first)
+    merged into a trie of ``budget`` nodes, without its rule for when to propose."""
+    from specverify.integrations.transformers import PromptLookupTreeDraft
     from specverify.tree_drafts import Trie
 
-    chain = PromptLookupDraft()
+    candidates = PromptLookupTreeDraft(budget, min_ngram=min_ngram)
 
     def propose(seq, rest):
         trie = Trie(budget)
-        first = chain(seq, depth)[0]
-        if first.numel():
-            trie.insert(first.tolist())
-        for n in range(min(3, seq.numel() - 1), min_ngram - 1, -1):
-            for start in suffix_matches(seq, n):
-                if trie.full:
-                    break
-                trie.insert(seq[start + n : start + n + depth].tolist())
+        for continuation in candidates.continuations(seq, depth):
+            if trie.full:
+                break
+            trie.insert(continuation.tolist())
         return list(trie.tokens), list(trie.parents)
     return propose
 
@@ -198,9 +195,7 @@ def measure(max_new: int = 64, reps: int = 5, log=print) -> dict:
     model, tokenizer = smollm2.load(log=log)
     use_fast_linears(model)
     prompts = {}
-    for name, content in real_model.PROMPTS.items():
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"][0]
+    for name, ids in real_model.chat_ids(tokenizer, real_model.PROMPTS).items():
         out = model.generate(ids[None], do_sample=False, max_new_tokens=max_new, pad_token_id=tokenizer.eos_token_id)
         text = out[0, ids.numel():]
         prompts[name] = (ids.tolist(), text[text != tokenizer.eos_token_id].tolist())
