@@ -160,11 +160,10 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
                     # batch's whole size gets when read again and again (the summed floors charge
                     # each request its own size's, L2-resident, bandwidth, which a batch larger
                     # than L2 cannot have). Cold, the summed floors already are physical.
-                    batch_floor_us = (probe.floor_ns("warm", int(np.mean([sum(per) for per in nbytes]))) / 1e3
-                                      if cache == "warm" else floor_us)
+                    bytes_mean = float(np.mean([sum(per) for per in nbytes]))
+                    batch_floor_us = probe.floor_ns("warm", int(bytes_mean)) / 1e3 if cache == "warm" else floor_us
                     common = dict(V=v, R=n_requests, method=method, cache=cache,
-                                  rows_read_mean=float(np.mean([sum(per) for per in nbytes])) / (v * bi.F32),
-                                  bytes_mean=float(np.mean([sum(per) for per in nbytes])))
+                                  rows_read_mean=bytes_mean / (v * bi.F32), bytes_mean=bytes_mean)
                     group = {name: dict(common, impl=name, min_us=t.min_us, median_us=t.median_us)
                              for name, t in times.items()}
                     group["floor"] = dict(common, impl="floor", min_us=floor_us, median_us=floor_us)
