@@ -675,7 +675,20 @@ def _fast_linear_forward(self, num_threads: Optional[int], x: torch.Tensor) -> t
     return ops.linear(x, self.weight.detach(), bias, num_threads=num_threads or torch.get_num_threads())
 
 
-class FastLinears:
+class _Switch:
+    """A switch made on a model: ``restore()`` undoes it, and so does leaving a ``with`` block."""
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+
+class FastLinears(_Switch):
     """The layers :func:`use_fast_linears` switched; ``restore()`` (or leaving the ``with``
     block) gives them back their own ``forward``."""
 
@@ -686,12 +699,6 @@ class FastLinears:
         for module in self.modules:
             module.__dict__.pop("forward", None)
         self.modules = []
-
-    def __enter__(self) -> "FastLinears":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
 
 
 def use_fast_linears(model: torch.nn.Module, num_threads: Optional[int] = None) -> FastLinears:
@@ -750,7 +757,7 @@ def _grouped_sdpa_attention(module, query, key, value, attention_mask, dropout=0
     return out.transpose(1, 2).contiguous(), None
 
 
-class GroupedAttention:
+class GroupedAttention(_Switch):
     """What :func:`use_grouped_attention` switched; ``restore()`` (or leaving the ``with`` block)
     gives the model its previous attention implementation back."""
 
@@ -761,12 +768,6 @@ class GroupedAttention:
         if self.model is not None and self.previous is not None:
             self.model.set_attn_implementation(self.previous)
         self.model = None
-
-    def __enter__(self) -> "GroupedAttention":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.restore()
 
 
 def use_grouped_attention(model) -> GroupedAttention:
