@@ -188,15 +188,29 @@ class EvidenceSet:
     repeats: int = 1
 
 
+def run_labels(results: Sequence) -> list:
+    """A label per results folder (``None``: the default one): the shortest tail of its path that no
+    other folder shares. Runs kept under several ``SPECVERIFY_RESULTS`` roots are all named
+    ``choose_k``; labelled by that name alone, :func:`evidence_table` would merge them."""
+    parts = [Path(f).resolve().parts if f else (choose_k.EXPERIMENT,) for f in results]
+    labels = []
+    for p in parts:
+        n = 1
+        while n < len(p) and sum(q[-n:] == p[-n:] for q in parts) > 1:
+            n += 1
+        labels.append("/".join(p[-n:]))
+    return labels
+
+
 def evidence_sets(results: Sequence, texts: Sequence[str] = (), jitter_seeds: Sequence[int] = (),
                   jitter_repeats: int = 3) -> list:
     """Every recorded run in ``results`` (folders) with its own costs and texts; each ``texts`` entry
     ``"FILE:N1,N2"`` (JSON ``name -> {ids, text}``) with the first run's costs, its texts cut to
     ``max_new = N`` for each N; the first run again with each jitter seed (``jitter_repeats`` passes)."""
     sets = []
-    for folder in results:
+    for folder, label in zip(results, run_labels(results)):
         rows, summary = choose_k.load(folder)
-        sets.append(EvidenceSet(Path(folder).name if folder else choose_k.EXPERIMENT,
+        sets.append(EvidenceSet(label,
                                 CostProfile.from_rows(rows), recorded_prompts(summary), summary["params"]["max_new"]))
     first = sets[0]
     for spec in texts:

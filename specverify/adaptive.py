@@ -177,11 +177,18 @@ class _CostCurve:
     cost of passes scoring 2..9 tokens is not monotone: the matrix kernels' blocking makes some
     lengths cheaper than shorter ones (SmolLM2-135M, one thread: 4 tokens 87 ms, 3 tokens 113 ms),
     so interpolating between the lengths a policy happens to have seen can overprice the best one
-    for ever; the target's curve uses ``floor_from = 2``.)
+    for ever; the target's curve uses ``floor_from = 2``.) With ``halfway=True`` as well, once
+    x = 1 is observed, an unobserved length ``x >= f`` costs halfway from that price down to the
+    mean at x = 1, the least any pass can cost: strictly less than every observed length ``>= f``.
+    Priced at the cheapest observed length it would tie with it, and a policy whose rounds ask
+    the longest length (prompt lookup in a copy) would never time the shorter ones; on a CPU the
+    cheapest lengths are often among them (SmolLM2-135M on ``use_fast_linears``: 3 and 4 tokens
+    1.22-1.26x a one-token pass, 2 tokens 1.44x, 9 tokens 1.45x).
     """
 
-    def __init__(self, decay: float, x_max: int, proportional: bool = False, floor_from: Optional[int] = None):
-        self.decay, self.proportional, self.floor_from = decay, proportional, floor_from
+    def __init__(self, decay: float, x_max: int, proportional: bool = False, floor_from: Optional[int] = None,
+                 halfway: bool = False):
+        self.decay, self.proportional, self.floor_from, self.halfway = decay, proportional, floor_from, halfway
         self.wx = self.wy = 0.0  # decayed sums of x and of y over every observation
         self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
         self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
@@ -204,18 +211,38 @@ class _CostCurve:
         return bool(np.any(self.w_at > _NEGLIGIBLE_WEIGHT))
 
     def __call__(self, xs) -> np.ndarray:
-        xs = np.asarray(xs, dtype=np.int64)
-        seen = np.nonzero(self.w_at > _NEGLIGIBLE_WEIGHT)[0]  # observed lengths, increasing
-        means = self.y_at[seen] / self.w_at[seen]
+        return np.asarray(self.values(xs), dtype=np.float64)
+
+    def values(self, xs) -> list:
+        """The estimates at the integers ``xs`` as a list of floats. Plain Python on purpose: the
+        policy evaluates this every round, right after a target pass has evicted the caches,
+        where NumPy's per-call overhead made the policy 2 % of a SmolLM2 round (0.42 ms)."""
+        w, y = self.w_at.tolist(), self.y_at.tolist()
+        seen = [x for x in range(1, len(w)) if w[x] > _NEGLIGIBLE_WEIGHT]  # observed lengths, increasing
+        means = {x: y[x] / w[x] for x in seen}
         slope = self.wy / self.wx if self.proportional else 0.0
-        est = np.interp(xs, seen, means)  # constant outside [seen[0], seen[-1]]
-        est = np.where(xs > seen[-1], means[-1] + slope * (xs - seen[-1]), est)
-        est = np.where(xs < seen[0], np.maximum(means[0] - slope * (seen[0] - xs), 0.0), est)
-        if self.floor_from is not None and np.any(seen >= self.floor_from):
-            floor = means[seen >= self.floor_from].min()
-            unseen = (xs >= self.floor_from) & ~np.isin(xs, seen)
-            est = np.where(unseen, np.minimum(est, floor), est)
-        return est
+        floor = None
+        if self.floor_from is not None:
+            floor = min((means[x] for x in seen if x >= self.floor_from), default=None)
+        out = []
+        for x in (int(x) for x in xs):
+            if x in means:
+                out.append(means[x])
+                continue
+            below = max((v for v in seen if v < x), default=None)
+            above = min((v for v in seen if v > x), default=None)
+            if below is None:
+                est = max(means[above] - slope * (above - x), 0.0)
+            elif above is None:
+                est = means[below] + slope * (x - below)
+            else:  # linear interpolation between the observed lengths around x
+                est = means[below] + (means[above] - means[below]) * (x - below) / (above - below)
+            if floor is not None and x >= self.floor_from:
+                est = min(est, floor)
+                if self.halfway and seen[0] == 1:
+                    est = 0.5 * (est + means[1])
+            out.append(est)
+        return out
 
 
 # An observation whose weight has decayed below this no longer counts as seen.
@@ -261,8 +288,9 @@ class AdaptiveK:
 
     Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
-    observed (and, after K = 0, that drafting is tried again). Deterministic given the rounds it saw.
-    The prior is optimistic on purpose (``prior_rate`` 0.8): a policy that believes drafting does
+    observed; after K = 0 it asks for the best K >= 1, so that drafting is tried again where it
+    would pay most. Deterministic given the rounds it saw.
+    The prior is optimistic on purpose (``prior_rate`` 0.95): a policy that believes drafting does
     not pay asks for K = 0 and never sees the data that would prove it wrong, while an optimistic
     one is corrected within a few rounds. The costs persist across ``generate`` calls (they
     belong to the machine and the models); at the start of each new sequence (:meth:`begin`) the
@@ -271,7 +299,7 @@ class AdaptiveK:
     :meth:`reset`, starts over.
     """
 
-    def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.8, prior_strength: float = 4.0,
+    def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.95, prior_strength: float = 3.0,
                  decay: float = 0.98, carry: float = 0.0, draft_cost=None, target_cost=None,
                  explore_every: int = 10, confidence_threshold: Optional[float] = None):
         if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
@@ -299,13 +327,14 @@ class AdaptiveK:
         self.draft_fit = _CostCurve(self.decay, k, proportional=True)  # seconds of a draft call vs K asked
         # seconds of a target pass vs tokens scored; the one-token pass is a matrix-vector product,
         # of another kind than the longer ones, so only those set the price of unseen lengths
-        self.target_fit = _CostCurve(self.decay, k + 1, floor_from=2)
+        self.target_fit = _CostCurve(self.decay, k + 1, floor_from=2, halfway=True)
         # a tree draft's width: decayed sums of its trees' nodes and depths (proposing rounds only)
         self.tree_nodes = self.tree_depth = 0.0
         self.tree_draft = False  # whether the draft proposes trees (seen from the rounds' records)
         self.rounds = 0
         self.prior_weight = self.prior_strength  # the prior's pseudo-rounds, forgotten like real rounds
         self.last_curve = None  # [k_max + 1] the modelled f(k) behind the last choice
+        self._model_costs = None  # the given cost model's (D, T) lists, once evaluated
 
     # -- estimates ----------------------------------------------------------------------------
     def _posterior(self, hits, trials, prior_mean):
@@ -320,34 +349,40 @@ class AdaptiveK:
         made long drafts look worth asking for dozens of rounds where plain decoding was faster
         (replayed over all prompt orders of three recorded runs, the anchor raised every
         prompt's worst and median ratio to the best fixed K, or left it unchanged)."""
+        hits, trials = hits.tolist(), trials.tolist()  # [k_max] each; plain floats (see _CostCurve.values)
         s = max(self.prior_weight, _NEGLIGIBLE_WEIGHT)
         first = (hits[0] + s * prior_mean) / (trials[0] + s)
         anchor = (s * prior_mean + trials[0] * first) / (s + trials[0])
-        later = (hits[1:].sum() + s * anchor) / (trials[1:].sum() + s)
-        prior = np.concatenate([[prior_mean], np.full(hits.size - 1, later)])  # [k_max]
-        return (hits + s * prior) / (trials + s)
+        later = (sum(hits[1:]) + s * anchor) / (sum(trials[1:]) + s)
+        return [(h + s * (prior_mean if i == 0 else later)) / (n + s) for i, (h, n) in enumerate(zip(hits, trials))]
 
     def rates(self) -> np.ndarray:
         """``[k_max]`` estimated conditional acceptance ``a_i``."""
-        return self._posterior(self.passed, self.tried, self.prior_rate)
+        return np.array(self._posterior(self.passed, self.tried, self.prior_rate))
 
     def proposal_rates(self) -> np.ndarray:
         """``[k_max]`` estimated ``g_i`` = P(position i proposed | i-1 proposed, asked >= i)."""
-        return self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
+        return np.array(self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3))
 
     def costs(self):
         """``(D [k_max], T [k_max + 1])``: draft cost for K = 1..k_max, target cost for n = 1..k_max+1,
         in units of one single-token target pass (``T[0] = 1``); ``None`` before any timing."""
-        ks = np.arange(1, self.k_max + 1)
+        costs = self._cost_lists()
+        return None if costs is None else (np.array(costs[0]), np.array(costs[1]))
+
+    def _cost_lists(self):
+        """``costs()`` as two lists of floats (the given cost model is evaluated once)."""
         if self.target_cost is not None:
-            d = law._cost_values(self.draft_cost, ks, "draft_cost")
-            t = self._target_costs(np.arange(1, self.k_max + 2))
-            return d, t / t[0]
+            if self._model_costs is None:
+                d = law._cost_values(self.draft_cost, np.arange(1, self.k_max + 1), "draft_cost")
+                t = self._target_costs(np.arange(1, self.k_max + 2))
+                self._model_costs = d.tolist(), (t / t[0]).tolist()
+            return self._model_costs
         if not (self.target_fit.seen and self.draft_fit.seen):
             return None
-        t = self._target_costs(np.arange(1, self.k_max + 2))  # [k_max + 1] seconds
-        d = np.maximum(self.draft_fit(ks), 0.0)  # [k_max] seconds
-        return d / t[0], t / t[0]
+        t = [max(v, 1e-12) for v in self.target_fit.values(range(1, self.k_max + 2))]  # [k_max + 1] seconds
+        d = [max(v, 0.0) / t[0] for v in self.draft_fit.values(range(1, self.k_max + 1))]  # [k_max]
+        return d, [v / t[0] for v in t]
 
     def _target_costs(self, counts: np.ndarray) -> np.ndarray:
         """A target pass scoring each of ``counts`` tokens: the given ``target_cost``, else the
@@ -367,24 +402,32 @@ class AdaptiveK:
 
     def draft_length(self, limit: int) -> int:
         hi = min(self.k_max, limit)
-        costs = self.costs()
+        costs = self._cost_lists()
         if costs is None:  # no timings yet: a short first round measures the costs
             return min(max(self.k_min, 1), hi)
         d, t = costs
-        g, a = self.proposal_rates(), self.rates()
-        proposed = np.cumprod(g)
-        survival = np.minimum(np.cumprod(g * a), proposed)
+        g = self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
+        a = self._posterior(self.passed, self.tried, self.prior_rate)
+        proposed, survival = [], []  # [k_max] prod_{j<=i} g_j and prod_{j<=i} g_j a_j
+        p = q = 1.0
+        for g_i, a_i in zip(g, a):
+            p *= g_i
+            q *= g_i * a_i
+            proposed.append(p)
+            survival.append(min(q, p))
         if self.tree_draft:
             # A tree asked for depth K scores its nodes, not K + 1 tokens: its pass costs
             # _tree_pass_costs()[K - 1] (1 + nodes per level x expected depth reached, which
             # already counts how often levels are proposed), entered as the law's T(K + 1).
-            t, proposed = np.concatenate([[1.0], self._tree_pass_costs()]), None
-        curve = law.speedup_curve(survival=survival, c=d, target_cost=t, proposed=proposed)
-        self.last_curve = curve
+            t, proposed = [1.0, *self._tree_pass_costs().tolist()], [1.0] * self.k_max
+        curve = law._speedup_values(survival, proposed, d, t)  # [k_max + 1] f(0..k_max)
+        self.last_curve = np.array(curve)
         lo = min(self.k_min, hi)
-        k = lo + int(np.argmax(curve[lo : hi + 1]))
+        k = max(range(lo, hi + 1), key=curve.__getitem__)  # the first maximum, as argmax
         if self.explore_every and self.rounds % self.explore_every == self.explore_every - 1:
-            k = min(k + 1, hi)
+            # one more than the optimum; after K = 0, the best length that drafts (K = 1 would
+            # observe position 1 only, with a two-token pass, often a CPU's dearest per token)
+            k = min(k + 1, hi) if k > 0 or hi < 1 else max(range(1, hi + 1), key=curve.__getitem__)
         return k
 
     def tree_width(self) -> float:

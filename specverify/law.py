@@ -595,9 +595,21 @@ def speedup_curve(rates=None, c=0.0, target_cost=None, *, survival=None, propose
         if not math.isclose(target[0], 1.0, rel_tol=1e-9):
             raise ValueError(f"target_cost(1) must be 1 (costs are relative to a one-token pass), got {target[0]!r}; "
                              "divide by it")
-    tokens = 1.0 + np.concatenate([[0.0], np.cumsum(s)])  # [K+1]
-    time = draft + 1.0 + np.concatenate([[0.0], np.cumsum(pm * np.diff(target))])  # [K+1]
-    return tokens / time
+    return np.array(_speedup_values(s.tolist(), pm.tolist(), draft[1:].tolist(), target.tolist()))
+
+
+def _speedup_values(survival, proposed, draft, target) -> list:
+    """``speedup_curve``'s ``f(0..K)`` from checked lists: survival ``S_1..S_K``, proposed
+    ``P(M >= 1..K)``, draft ``D(1..K)``, target ``T(1..K+1)`` with ``T(1) = 1``. A plain loop:
+    :class:`specverify.adaptive.AdaptiveK` calls it every round, right after a target pass has
+    evicted the caches, where NumPy's per-call overhead is most of the cost."""
+    curve = [1.0]
+    tokens = time = 0.0  # running sums of S_i and of P(M >= i) (T(i+1) - T(i))
+    for i, s in enumerate(survival):
+        tokens += s
+        time += proposed[i] * (target[i + 1] - target[i])
+        curve.append((1.0 + tokens) / ((draft[i] + 1.0) + time))
+    return curve
 
 
 def speedup(rates=None, c=0.0, target_cost=None, *, survival=None, proposed=None, drafted=None) -> float:

@@ -167,6 +167,36 @@ def test_cost_curve_prices_unseen_lengths_at_most_the_cheapest_multi_token_pass(
     np.testing.assert_allclose(curve(np.arange(1, 10)), [0.45, 0.64, 0.55, 0.55] + [0.55] * 4 + [0.80], rtol=1e-12)
 
 
+def test_cost_curve_halfway_prices_unseen_lengths_below_every_timed_one():
+    """``halfway``: once a one-token pass is timed, an unseen length costs halfway from the cheapest
+    timed multi-token pass down to it, so it no longer ties with the timed lengths and gets tried."""
+    from specverify.adaptive import _CostCurve
+
+    curve = _CostCurve(decay=1.0, x_max=9, floor_from=2, halfway=True)
+    for n, y in ((2, 0.64), (9, 0.80)):
+        curve.add(n, y)
+    np.testing.assert_allclose(curve(np.arange(2, 10)), [0.64] * 7 + [0.80], rtol=1e-12)  # no x = 1 yet
+    curve.add(1, 0.45)
+    np.testing.assert_allclose(curve(np.arange(1, 10)), [0.45, 0.64] + [0.545] * 6 + [0.80], rtol=1e-12)
+
+
+def test_exploring_after_plain_decoding_asks_the_best_drafting_length():
+    """When no K pays (K = 0), an exploration round asks for the K >= 1 the model rates best, not
+    K = 1: here a two-token pass is dear (2x a one-token one) and longer ones cheap (1.2x)."""
+    cost = lambda n: 1.0 if n == 1 else (2.0 if n == 2 else 1.2)  # noqa: E731
+    policy = AdaptiveK(k_max=6, decay=1.0, draft_cost=0.0, target_cost=cost, explore_every=4)
+    asked = []
+    for _ in range(40):  # every proposal rejected at its first token
+        k = policy.draft_length(6)
+        asked.append(k)
+        policy.observe(RoundRecord(k, k, 0, float("nan"), float("nan")))
+    curve = policy.last_curve
+    explore = [i for i in range(24, 40) if i % 4 == 3]  # once the prior has faded
+    assert all(asked[i] == 0 for i in range(24, 40) if i not in explore), asked
+    assert all(asked[i] == 1 + int(np.argmax(curve[1:])) > 1 for i in explore), asked
+    assert curve[0] > curve[1:].max()  # drafting does not pay: the optimum is K = 0
+
+
 # SmolLM2-135M on one thread (experiments.choose_k, quiet run): ms of a target pass scoring n = 1..9
 # tokens. Not monotone: passes scoring an even number of tokens are cheaper than the odd one below.
 SMOLLM2_TARGET_MS = [57.0, 92.4, 113.4, 87.2, 98.1, 97.5, 109.9, 101.0, 112.6]
@@ -559,6 +589,16 @@ def test_replay_study_over_prompt_orders():
         [np.array([d]) for d in profile.draft]), 64, orders=[["a", "b"]], jitter_seed=0)
     assert jittered["fixed"][0]["a"] < res["fixed"][0]["a"]  # passes drawn from pools costing t or 2t
     assert "whole set" in k_replay.summary_lines(res)[-1]
+
+
+def test_replay_labels_runs_by_the_shortest_path_tail_they_do_not_share():
+    """Runs under two results roots are both folders named ``choose_k``: their labels must differ, or
+    ``evidence_table`` (keyed by label) would report one run's ratios for both."""
+    from experiments import k_replay
+
+    assert k_replay.run_labels(["/a/fast/choose_k", "/a/torch/choose_k", None]) == [
+        "fast/choose_k", "torch/choose_k", "choose_k"]
+    assert k_replay.run_labels(["/a/run"]) == ["run"]
 
 
 def test_replay_evidence_table_over_runs_texts_and_jitter(tmp_path):
