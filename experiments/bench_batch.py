@@ -312,6 +312,8 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing over the sweep")
     ap.add_argument("--requests", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)
     ap.add_argument("--vocabs", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)
+    ap.add_argument("--cold-bytes", type=int, default=None,
+                    help="bytes of distinct inputs cycled when cold (and the cold read probe's region)")
     ap.add_argument("--seed", type=int, default=20261130)
     ap.add_argument("--out-dir", type=Path, default=bench.RESULTS_DIR)
     args = ap.parse_args(argv)
@@ -320,6 +322,8 @@ def main(argv=None):
     settings = dict(bench.QUICK if args.quick else bench.FULL)
     machine = bench.machine_info()
     settings.setdefault("cold_bytes", bench.default_cold_bytes(machine["caches_bytes"], machine["cores"]))
+    if args.cold_bytes is not None:
+        settings["cold_bytes"] = args.cold_bytes
     sweep = dict(QUICK_SWEEP if args.quick else FULL_SWEEP)
     sweep.update({k: v for k, v in (("budget_s", args.budget), ("requests", args.requests),
                                     ("vocabs", args.vocabs)) if v is not None})
