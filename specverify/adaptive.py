@@ -74,6 +74,7 @@ questions only concern speculative sampling.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -229,13 +230,13 @@ class _CostCurve:
             if x in means:
                 out.append(means[x])
                 continue
-            below = max((v for v in seen if v < x), default=None)
-            above = min((v for v in seen if v > x), default=None)
-            if below is None:
-                est = max(means[above] - slope * (above - x), 0.0)
-            elif above is None:
-                est = means[below] + slope * (x - below)
+            j = bisect.bisect(seen, x)  # seen[j - 1] < x < seen[j]
+            if j == 0:
+                est = max(means[seen[0]] - slope * (seen[0] - x), 0.0)
+            elif j == len(seen):
+                est = means[seen[-1]] + slope * (x - seen[-1])
             else:  # linear interpolation between the observed lengths around x
+                below, above = seen[j - 1], seen[j]
                 est = means[below] + (means[above] - means[below]) * (x - below) / (above - below)
             if floor is not None and x >= self.floor_from:
                 est = min(est, floor)
