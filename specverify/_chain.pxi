@@ -26,10 +26,12 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
                  Py_ssize_t* bad_row) noexcept nogil:
     """Speculative sampling over validated rows; ``draft`` NULL means a point-mass draft.
 
-    A position whose test will fail unless its masses differ (u * q_t >= p_t: the test with P = Q)
-    reads its two rows once for their masses and their residual at ratio 1 (``_row_pair_masses``),
-    which is the residual whenever P/Q snaps to 1 (``_mass_ratio``); any other rejection sums its
-    residual in a second pass.  Both give the same bits.
+    A position with a draft row reads its two rows together, once, for their masses and their
+    residual at ratio 1 (``_row_pair_masses``), which is the residual whenever P/Q snaps to 1
+    (``_mass_ratio``); any other rejection sums its residual in a second pass.  Both give the same
+    bits.  (Reading the pair in one pass, even for a position that will be accepted and never
+    needs the residual, was 4-5 % faster than reading the two rows one after the other, warm and
+    cold, on a Zen 5: experiments.bench_batch, V = 32000 and 128256.)
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
     cdef double* target_blocks = <double*> malloc(3 * n_blocks * sizeof(double))
@@ -52,18 +54,15 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
         if i < k:
             t = tokens[i]
             check_index(t, v)
-        if q != NULL and uniforms[i] * <double> q[t] >= <double> p[t]:
+        if q != NULL:
             residual_mass = _row_pair_masses(p, q, v, 1.0, target_blocks, draft_blocks,
                                              residual_blocks, masses, &p_bits)
             p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
             residual_ready = True
         else:
             p_mass = _row_mass(p, v, target_blocks, &p_bits)
-            if q != NULL:
-                q_mass = _row_mass(q, v, draft_blocks, &q_bits)
-            else:
-                q_mass = 1.0
-                q_bits = 0
+            q_mass = 1.0
+            q_bits = 0
         bad_row[0] = i
         if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES

@@ -8,11 +8,11 @@
 # derive ``first_child [N+1]`` / ``next_sibling [N]`` (position r = root for r = 0, node r - 1
 # otherwise; siblings in index order), so the loops below follow children without searching.
 #
-# Rows are read as the chain ops read them: a visited position's target row (and, if it has
-# children and a draft law is given, its draft row) in one ``_row_mass`` pass each; every rejected
-# child then costs one pass over the position's target and draft rows (the next residual's block
-# sums), except a first child whose test looks lost beforehand (u q(t) >= p(t)): its residual is
-# summed in the masses' pass (``_row_pair_masses``).  A masked row (children removed) re-sums
+# Rows are read as the chain ops read them: a visited position's target row, and, if it has
+# children and a draft law is given, its draft row with it, in one pass (``_row_pair_masses``:
+# both masses and the residual's block sums at ratio 1, which are the first child's residual when
+# P/Q snaps to 1); every other rejected child costs one pass over the position's target and draft
+# rows (the next residual's block sums).  A masked row (children removed) re-sums
 # only the blocks holding removed tokens; a draw scans one block.  Rows of positions never
 # reached, and leaves' draft rows, are not read.
 
@@ -238,17 +238,15 @@ cdef int _accept_tree(const float* target, Py_ssize_t target_stride, const float
         first_residual_mass = -1.0
         t = tokens[child] if child >= 0 else 0
         check_index(t, v)
-        if q != NULL and uniforms[child] * <double> q[t] >= <double> p[t]:
-            # The first child's test will fail unless P and Q differ (as in _accept): its
-            # residual is summed in the same read as the masses.
+        if q != NULL:
+            # As in _accept: the pair is read together, its residual at ratio 1 summed in the
+            # same read as the masses.
             first_residual_mass = _row_pair_masses(p, q, v, 1.0, target_blocks, draft_blocks,
                                                    residual_blocks, masses, &p_bits)
             p_mass, q_mass, q_bits = masses[0], masses[1], p_bits
         else:
             p_mass = _row_mass(p, v, target_blocks, &p_bits)
             q_mass, q_bits = 1.0, 0
-            if q != NULL:
-                q_mass = _row_mass(q, v, draft_blocks, &q_bits)
         bad_row[0] = r
         if p_bits >= FLOAT_INF_BITS and not _all_valid(p, v):
             status = BAD_TARGET_VALUES
