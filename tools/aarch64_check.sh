@@ -29,6 +29,7 @@
 #   SPECVERIFY_AARCH64_CPUS   CPUs to build and emulate, oldest first (default "cortex-a72 cortex-a76")
 #   SPECVERIFY_DEBIAN_MIRROR  Debian mirror for mmdebstrap (default: mmdebstrap's)
 #   SPECVERIFY_AGREEMENT_CASES number of agreement cases (default 300)
+#   SPECVERIFY_AARCH64_JOBS   emulated runs side by side (default: the usable CPUs)
 #   SPECVERIFY_KEEP=1         keep the scratch directory (printed at the end)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -43,16 +44,20 @@ ROOTFS_PKGS=(python3 python3-dev python3-numpy python3-scipy python3-pytest gcc 
 HOST_PKGS=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user-static mmdebstrap zstd)
 CROSS=aarch64-linux-gnu
 AGREEMENT_CASES=${SPECVERIFY_AGREEMENT_CASES:-300}
+JOBS=${SPECVERIFY_AARCH64_JOBS:-$(nproc)}
 # ARMv8.1+ instructions a Cortex-A72 (ARMv8.0) would trap on: LSE atomics, RCpc loads, dot product.
 V81_INSNS='(cas|casa|casl|casal|casp\w*|casb|cash|casab|casah|casalb|casalh|caslb|caslh|ldadd\w*|ldclr\w*|ldeor\w*|ldset\w*|ldsmax\w*|ldsmin\w*|ldumax\w*|ldumin\w*|stadd\w*|stclr\w*|steor\w*|stset\w*|swp\w*|ldapr\w*|sdot|udot|sqrdmlah|sqrdmlsh)'
 
 START=$SECONDS
 log()  { printf '[aarch64 %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 die()  { printf 'aarch64_check: ERROR: %s\n' "$*" >&2; exit 2; }
-FAILURES=()
-fail() { printf 'aarch64_check: FAIL: %s\n' "$*" >&2; FAILURES+=("$*"); }
+# Failures go to a file, not an array: the emulated runs below are subshells running side by side.
+FAILURES_FILE=''
+fail() { printf 'aarch64_check: FAIL: %s\n' "$*" >&2; printf '%s\n' "$*" >>"$FAILURES_FILE"; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/specverify-aarch64.XXXXXX")
+FAILURES_FILE=$WORK/failures.txt
+: >"$FAILURES_FILE"
 cleanup() {
     if [[ "${SPECVERIFY_KEEP:-0}" == 1 ]]; then
         echo "scratch kept: $WORK"
@@ -183,6 +188,44 @@ make_tree() {
     return 0
 }
 
+# One emulated run: the reduced suite, then the agreement run, of <build>'s tree under qemu
+# emulating <emu>.  Writes report/suite-<build>-on-<emu>.txt and report/agree-...txt (one line
+# each) and records failures with ``fail``; runs in a subshell beside the others.
+emulated_run() {
+    local build=$1 emu=$2
+    local tag="$build build on emulated $emu" log_file=$WORK/report/pytest-$build-on-$emu.log
+    local suite_file=$WORK/report/suite-$build-on-$emu.txt agree_file=$WORK/report/agree-$build-on-$emu.txt
+    : >"$agree_file"
+    log "$tag: pytest -m emulated"
+    local rc=0
+    qemu_py "$emu" "$WORK/$build/tree" -m pytest -m emulated -q -p no:cacheprovider tests/ \
+        >"$log_file" 2>&1 || rc=$?
+    local summary
+    summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
+    echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >"$suite_file"
+    if ((rc == 5)); then
+        fail "$tag: no test is marked @pytest.mark.emulated"
+    elif ((rc != 0)); then
+        tail -n 40 "$log_file" >&2
+        fail "$tag: emulated suite failed (rc=$rc): $summary"
+    fi
+    log "$tag: ${summary:-rc=$rc}"
+    log "$tag: agreement run"
+    if qemu_py "$emu" "$WORK/$build/tree" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
+            --out "$WORK/arm-$build-on-$emu.npz" >"$WORK/report/agree-run-$build-on-$emu.log" 2>&1 \
+            && grep -q "on aarch64 (_kernels$TARGET_EXT)" "$WORK/report/agree-run-$build-on-$emu.log"; then
+        "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
+            --got "$WORK/arm-$build-on-$emu.npz" --cases "$WORK/cases.npz" --label "$tag" \
+            --dump "$WORK/report/mismatch-$build-on-$emu.npz" >"$agree_file" \
+            || fail "$tag: results differ from x86-64 (inputs: report/mismatch-$build-on-$emu.npz)"
+        cat "$agree_file"
+    else
+        tail -n 30 "$WORK/report/agree-run-$build-on-$emu.log" >&2
+        fail "$tag: agreement run crashed (or did not load the aarch64 build)"
+        echo "[$tag] agreement: run crashed" >"$agree_file"
+    fi
+}
+
 # ---------------------------------------------------------------------------------------------
 main() {
     log "repo $REPO, CPUs ${CPUS[*]}, scratch $WORK"
@@ -252,40 +295,23 @@ main() {
         --cases "$WORK/cases.npz" --out "$WORK/x86.npz") || die "x86-64 agreement run failed"
     cp "$REPO/tools/cross_agreement.py" "$WORK/cross_agreement.py"
 
-    # 5 + 6b. emulated runs: each build on its own CPU, then the oldest build on the newest CPU
-    local runs=() r build emu
-    for cpu in "${CPUS[@]}"; do runs+=("$cpu:$cpu"); done
+    # 5 + 6b. emulated runs: each build on its own CPU, then the oldest build on the newest CPU;
+    # $JOBS of them at a time (each qemu process emulates one CPU on one host core)
+    local runs=() r running=0
+    for cpu in "${CPUS[@]}"; do runs+=("$cpu:$cpu"); make_launcher "$cpu"; done
     ((${#CPUS[@]} > 1)) && runs+=("${CPUS[0]}:${CPUS[-1]}")
     for r in "${runs[@]}"; do
-        build=${r%%:*} emu=${r##*:}
-        local tag="$build build on emulated $emu" log_file=$WORK/report/pytest-$build-on-$emu.log
-        log "$tag: pytest -m emulated"
-        local rc=0
-        qemu_py "$emu" "$WORK/$build/tree" -m pytest -m emulated -q -p no:cacheprovider tests/ \
-            >"$log_file" 2>&1 || rc=$?
-        local summary
-        summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
-        echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >>"$WORK/report/suite.txt"
-        if ((rc == 5)); then
-            fail "$tag: no test is marked @pytest.mark.emulated"
-        elif ((rc != 0)); then
-            tail -n 40 "$log_file" >&2
-            fail "$tag: emulated suite failed (rc=$rc): $summary"
+        if ((running >= JOBS)); then
+            wait -n || true
+            running=$((running - 1))
         fi
-        log "$tag: ${summary:-rc=$rc}"
-        log "$tag: agreement run"
-        if qemu_py "$emu" "$WORK/$build/tree" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
-                --out "$WORK/arm-$build-on-$emu.npz" >"$WORK/report/agree-run-$build-on-$emu.log" 2>&1 \
-                && grep -q "on aarch64 (_kernels$TARGET_EXT)" "$WORK/report/agree-run-$build-on-$emu.log"; then
-            "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
-                --got "$WORK/arm-$build-on-$emu.npz" --cases "$WORK/cases.npz" --label "$tag" \
-                --dump "$WORK/report/mismatch-$build-on-$emu.npz" | tee -a "$WORK/report/agree.txt" \
-                || fail "$tag: results differ from x86-64 (inputs: report/mismatch-$build-on-$emu.npz)"
-        else
-            tail -n 30 "$WORK/report/agree-run-$build-on-$emu.log" >&2
-            fail "$tag: agreement run crashed (or did not load the aarch64 build)"
-            echo "[$tag] agreement: run crashed" >>"$WORK/report/agree.txt"
-        fi
+        emulated_run "${r%%:*}" "${r##*:}" &
+        running=$((running + 1))
+    done
+    wait
+    for r in "${runs[@]}"; do  # reports in run order, whatever order the runs ended in
+        cat "$WORK/report/suite-${r%%:*}-on-${r##*:}.txt" >>"$WORK/report/suite.txt"
+        cat "$WORK/report/agree-${r%%:*}-on-${r##*:}.txt" >>"$WORK/report/agree.txt"
     done
 
     # summary
@@ -300,10 +326,10 @@ main() {
     sed 's/^/   /' "$WORK/report/suite.txt"
     echo "-- cross-architecture agreement with x86-64"
     sed -E 's/^\[([^]]*)\] /   \1: /' "$WORK/report/agree.txt"
-    if ((${#FAILURES[@]})); then
+    if [[ -s $FAILURES_FILE ]]; then
         [[ "${SPECVERIFY_KEEP:-0}" == 1 ]] || { SPECVERIFY_KEEP=1; echo "(scratch kept for inspection)"; }
-        echo "FAILED (${#FAILURES[@]}):"
-        printf '   %s\n' "${FAILURES[@]}"
+        echo "FAILED ($(wc -l <"$FAILURES_FILE")):"
+        sed 's/^/   /' "$FAILURES_FILE"
         return 1
     fi
     echo "aarch64 check PASSED"
