@@ -280,7 +280,7 @@ cdef extern from *:
        same order, so the same bits.  The portable loops compiled for AVX2 loaded most elements
        two or three times (as memory operands of the sum, the minimum and the product), took the
        positive part as a compare and a mask and multiplied by c == 1; on a Zen 3 accept ran at
-       2.0-2.3x its warm floor at V = 32000. */
+       1.9-2.3x its warm floor at V = 32000. */
     #define SV_WIDE_LANE_SUM 1
     #include <immintrin.h>
     typedef unsigned int sv_u32x8 __attribute__((vector_size(32)));
