@@ -268,13 +268,6 @@ cdef extern from *:
         memcpy(lanes + 32, &sw2, 64); memcpy(lanes + 48, &sw3, 64);
         sums[2] = sv_lane_tree(lanes);
     }
-    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
-                                         unsigned int* signs, float* sums) {
-        if (c == 1.0f)
-            sv_pair_steps(p, q, 1.0f, 0, steps, signs, sums);
-        else
-            sv_pair_steps(p, q, c, 1, steps, signs, sums);
-    }
     #elif defined(__AVX2__) && !defined(SV_PORTABLE_LOOPS) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
     /* The same loops for AVX2 (eight-float vectors, sixteen registers): the same lanes in the
        same order, so the same bits.  The portable loops compiled for AVX2 loaded most elements
@@ -353,13 +346,6 @@ cdef extern from *:
         sums[1] = sv_lane_tree(lanes_q);
         sums[2] = sv_lane_tree(lanes_w);
     }
-    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
-                                         unsigned int* signs, float* sums) {
-        if (c == 1.0f)
-            sv_pair_steps(p, q, 1.0f, 0, steps, signs, sums);
-        else
-            sv_pair_steps(p, q, c, 1, steps, signs, sums);
-    }
     #else
     #define SV_WIDE_LANE_SUM 0
     static inline float sv_lane_sum(const float* x, Py_ssize_t steps, unsigned int* signs) {
@@ -369,6 +355,16 @@ cdef extern from *:
     static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
                                          unsigned int* signs, float* sums) {
         (void) p; (void) q; (void) c; (void) steps; (void) signs; (void) sums;   /* never called */
+    }
+    #endif
+    #if SV_WIDE_LANE_SUM
+    /* Either wide sv_pair_steps, with the product compiled out for accept's ratio c == 1. */
+    static inline void sv_pair_lane_sums(const float* p, const float* q, float c, Py_ssize_t steps,
+                                         unsigned int* signs, float* sums) {
+        if (c == 1.0f)
+            sv_pair_steps(p, q, 1.0f, 0, steps, signs, sums);
+        else
+            sv_pair_steps(p, q, c, 1, steps, signs, sums);
     }
     #endif
     #if !(defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
