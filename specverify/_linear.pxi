@@ -16,22 +16,35 @@
 # 16 lanes to one AVX-512 register, two AVX2 registers or four NEON registers).
 #
 # Loop structure (speed only; the bits are those of the order above): the weight rows are walked
-# in tiles of four, each against the rows of x in groups of up to four (4 x 4 accumulators: a
-# quarter of the loads of one dot product at a time; up to SV_DOT_ROWS rows of x are plain dot
-# products, weight row after weight row), while the weight rows SV_PREFETCH_TILES
-# tiles ahead are prefetched into L2: while a tile computes, the hardware prefetcher alone keeps
-# too few lines in flight (without the prefetch the tiles ran at half the read bandwidth).  The
-# last n_out % 4 weight rows are single dot products.  From about 6 rows of x on, the multiplies
-# and adds (16 + 16 per cycle with AVX-512 on Zen 4), not the reads, bound the time.
+# in tiles of SV_TILE_W, each against the rows of x in groups of up to SV_TILE_X (with AVX-512
+# 4 x 4 accumulators: a quarter of the loads of one dot product at a time; up to SV_DOT_ROWS rows
+# of x are plain dot products, weight row after weight row), while the weight rows
+# SV_PREFETCH_ROWS ahead are prefetched into L2: while a tile computes, the hardware prefetcher
+# alone keeps too few lines in flight (without the prefetch the tiles ran at half the read
+# bandwidth).  The last n_out % SV_TILE_W weight rows are single dot products.  From about 6
+# rows of x on, the multiplies and adds (16 + 16 per cycle with AVX-512 on Zen 4), not the
+# reads, bound the time.
+#
+# Without AVX-512 (AVX2, SSE, NEON) a 16-lane accumulator is SV_PARTS native vectors (two AVX2,
+# four NEON registers) and the tiles are 2 x 2, so that accumulators and operands fit the
+# registers (16 AVX2, 32 NEON): the 4 x 4 tile of generic 64-byte vectors needed 32 AVX2
+# registers of accumulators alone, and gcc kept them (and the dot product's, and the lane trees'
+# shuffles) on the stack: on a Zen 3, sv.linear ran at 3-58x its read floor, 1.2-8x slower than
+# torch.
 
 cdef extern from *:
     """
     #include <string.h>
+    #define SV_DOT_ROWS 2  /* up to this many rows of x: dot products, not tiles */
+    #define SV_PREFETCH_ROWS 16  /* how far ahead the weight rows are prefetched */
+
+    #if defined(__AVX512F__)
+    /* A 16-lane accumulator is one register: GCC's generic vectors, 4 x 4 tiles. */
     typedef float sv_f32x16 __attribute__((vector_size(64)));
     typedef int32_t sv_i32x16 __attribute__((vector_size(64)));
-    #define SV_DOT_ROWS 2  /* up to this many rows of x: dot products, not tiles */
-    #define SV_PREFETCH_TILES 4  /* how far ahead the weight rows are prefetched, in tiles */
-    #define SV_TILE 4
+    #define SV_TILE_W 4
+    #define SV_TILE_X 4
+    #define SV_TILE SV_TILE_W
 
     static inline sv_f32x16 sv_load16(const float* p) {
         sv_f32x16 v;
@@ -98,14 +111,8 @@ cdef extern from *:
 
     /* Keeps a loaded vector in a register: without it gcc folds each load into the multiply
        that uses it, and a 4 x 4 step issues 32 loads instead of 8 (load-bound, 2x the time,
-       measured with AVX-512).  An empty asm: no instruction, no effect on the values.  Only
-       where 16 floats fit one register; elsewhere the vector spans several and the hint has
-       no constraint to name them. */
-    #if defined(__AVX512F__)
+       measured with AVX-512).  An empty asm: no instruction, no effect on the values. */
     #define SV_IN_REGISTER(v) __asm__("" : "+v"(v))
-    #else
-    #define SV_IN_REGISTER(v) ((void) 0)
-    #endif
 
     /* One 16-column step of a tile: acc[a][b] += w row a * x row b, for b < live. */
     #define SV_TILE_STEP(load, k)                                                            \
@@ -140,18 +147,126 @@ cdef extern from *:
         }
         if (tail)
             SV_TILE_STEP(sv_load_tail, full);
-    #if defined(__AVX512F__)
         float trees[16];
         sv_lane_trees4x4(acc, trees);   /* the unused columns b >= live hold zeros: harmless */
         for (int a = 0; a < SV_TILE; a++)
             for (int b = 0; b < live; b++)
                 sums[a][b] = trees[4 * b + a];
-    #else
-        for (int a = 0; a < SV_TILE; a++)
-            for (int b = 0; b < live; b++)
-                sums[a][b] = sv_lane_tree16(acc[a][b]);
-    #endif
     }
+
+    #else
+    /* No AVX-512: a 16-lane accumulator is SV_PARTS native vectors (part p holds lanes
+       p * SV_NATIVE ..), 2 x 2 tiles. */
+    #if defined(__AVX__)
+    #define SV_NATIVE 8
+    #define SV_IN_REGISTER(v) __asm__("" : "+x"(v))
+    #elif defined(__aarch64__)
+    #define SV_NATIVE 4
+    #define SV_IN_REGISTER(v) __asm__("" : "+w"(v))
+    #elif defined(__SSE2__)
+    #define SV_NATIVE 4
+    #define SV_IN_REGISTER(v) __asm__("" : "+x"(v))
+    #else
+    #define SV_NATIVE 4
+    #define SV_IN_REGISTER(v) ((void) 0)
+    #endif
+    #define SV_PARTS (16 / SV_NATIVE)
+    #define SV_TILE_W 2
+    #define SV_TILE_X 2
+    typedef float sv_native __attribute__((vector_size(4 * SV_NATIVE)));
+
+    static inline sv_native sv_load_native(const float* p) {
+        sv_native v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+
+    /* The lane tree of acc[0:SV_PARTS] (lanes l = p * SV_NATIVE + i): l + (l + 8), then + 4,
+       + 2, + 1, the same additions as sv_lane_tree16 (IEEE addition commutes: the operand
+       order within one addition does not matter, the pairing does). */
+    static inline float sv_native_tree(const sv_native* acc) {
+        float h[8];
+    #if SV_NATIVE == 8
+        sv_native v = acc[0] + acc[1];            /* lane i: l_i + l_(i+8) */
+        memcpy(h, &v, sizeof h);
+    #else
+        sv_native lo = acc[0] + acc[2], hi = acc[1] + acc[3];   /* lanes 0-3, 4-7 of that */
+        memcpy(h, &lo, sizeof lo);
+        memcpy(h + 4, &hi, sizeof hi);
+    #endif
+        float q0 = h[0] + h[4], q1 = h[1] + h[5], q2 = h[2] + h[6], q3 = h[3] + h[7];
+        return (q0 + q2) + (q1 + q3);
+    }
+
+    static inline float sv_dot16(const float* x, const float* w, Py_ssize_t full, Py_ssize_t tail) {
+        sv_native acc[SV_PARTS];
+        float xt[16] = {0}, wt[16] = {0};
+        memset(acc, 0, sizeof acc);
+        for (Py_ssize_t k = 0; k < full; k += 16)
+            for (int q = 0; q < SV_PARTS; q++)
+                acc[q] = acc[q] + sv_load_native(w + k + q * SV_NATIVE)
+                                  * sv_load_native(x + k + q * SV_NATIVE);
+        if (tail) {
+            memcpy(xt, x + full, (size_t) tail * sizeof(float));
+            memcpy(wt, w + full, (size_t) tail * sizeof(float));
+            for (int q = 0; q < SV_PARTS; q++)
+                acc[q] = acc[q] + sv_load_native(wt + q * SV_NATIVE)
+                                  * sv_load_native(xt + q * SV_NATIVE);
+        }
+        return sv_native_tree(acc);
+    }
+
+    /* One 16-column step of a tile, part by part: acc[a][b][q] += w row a * x row b on the
+       part's lanes, each operand loaded once (acc 8 + 2 + 1 + a product: 12 AVX2 registers;
+       16 + 2 + 1 + 1 of NEON's 32). */
+    #define SV_NARROW_STEP(xp, wp, w_step)                                                   \
+        do {                                                                                 \
+            for (int q = 0; q < SV_PARTS; q++) {                                             \
+                sv_native xs[SV_TILE_X];                                                     \
+                for (int b = 0; b < live; b++) {                                             \
+                    xs[b] = sv_load_native((xp)[b] + q * SV_NATIVE);                         \
+                    SV_IN_REGISTER(xs[b]);                                                   \
+                }                                                                            \
+                for (int a = 0; a < SV_TILE_W; a++) {                                        \
+                    sv_native wa = sv_load_native((wp) + a * (w_step) + q * SV_NATIVE);      \
+                    SV_IN_REGISTER(wa);                                                      \
+                    for (int b = 0; b < live; b++)                                           \
+                        acc[a][b][q] = acc[a][b][q] + wa * xs[b];                            \
+                }                                                                            \
+            }                                                                                \
+        } while (0)
+
+    /* sums[a][b] = dot(w row a, x[b]) for a in 0..1, b < live (1..2), as the AVX-512 sv_tile. */
+    static inline __attribute__((always_inline)) void sv_tile(
+            const float* const x[SV_TILE_X], int live, const float* w, Py_ssize_t w_stride,
+            const float* w_next, Py_ssize_t full, Py_ssize_t tail, float sums[SV_TILE_W][SV_TILE_X]) {
+        sv_native acc[SV_TILE_W][SV_TILE_X][SV_PARTS];
+        memset(acc, 0, sizeof acc);
+        for (Py_ssize_t k = 0; k < full; k += 16) {
+            const float* xk[SV_TILE_X];
+            if (w_next)
+                for (int a = 0; a < SV_TILE_W; a++)
+                    __builtin_prefetch(w_next + a * w_stride + k, 0, 2);
+            for (int b = 0; b < live; b++)
+                xk[b] = x[b] + k;
+            SV_NARROW_STEP(xk, w + k, w_stride);
+        }
+        if (tail) {
+            float xt[SV_TILE_X][16] = {{0}}, wt[SV_TILE_W][16] = {{0}};
+            const float* xk[SV_TILE_X];
+            for (int b = 0; b < live; b++) {
+                memcpy(xt[b], x[b] + full, (size_t) tail * sizeof(float));
+                xk[b] = xt[b];
+            }
+            for (int a = 0; a < SV_TILE_W; a++)
+                memcpy(wt[a], w + a * w_stride + full, (size_t) tail * sizeof(float));
+            SV_NARROW_STEP(xk, wt[0], 16);
+        }
+        for (int a = 0; a < SV_TILE_W; a++)
+            for (int b = 0; b < live; b++)
+                sums[a][b] = sv_native_tree(acc[a][b]);
+    }
+    #endif
 
     /* y [n, n_out] (y_stride apart) = x [n, n_in] (x_stride apart) @ w [n_out, n_in]^T (+ bias). */
     static void sv_linear(const float* x, Py_ssize_t x_stride, Py_ssize_t n, const float* w,
@@ -160,29 +275,34 @@ cdef extern from *:
         Py_ssize_t full = n_in & ~(Py_ssize_t) 15, tail = n_in - full;
         /* One or two rows of x: plain dot products, one weight row after the other (from DRAM,
            the tile's four concurrent weight streams measured 1.25-1.4x slower for so few rows). */
-        Py_ssize_t tiled = n <= SV_DOT_ROWS ? 0 : n_out & ~(Py_ssize_t) (SV_TILE - 1);
-        float sums[SV_TILE][SV_TILE];
-        for (Py_ssize_t o0 = 0; o0 < tiled; o0 += SV_TILE) {
+        Py_ssize_t tiled = n <= SV_DOT_ROWS ? 0 : n_out & ~(Py_ssize_t) (SV_TILE_W - 1);
+        float sums[SV_TILE_W][SV_TILE_X];
+        for (Py_ssize_t o0 = 0; o0 < tiled; o0 += SV_TILE_W) {
             const float* w_tile = w + o0 * w_stride;
-            const float* w_next = o0 + (SV_PREFETCH_TILES + 1) * SV_TILE <= n_out
-                                  ? w_tile + SV_PREFETCH_TILES * SV_TILE * w_stride : NULL;
-            for (Py_ssize_t m0 = 0; m0 < n; m0 += SV_TILE) {
-                const float* rows_x[SV_TILE];
-                int live = n - m0 < SV_TILE ? (int) (n - m0) : SV_TILE;
+            const float* w_next = o0 + SV_PREFETCH_ROWS + SV_TILE_W <= n_out
+                                  ? w_tile + SV_PREFETCH_ROWS * w_stride : NULL;
+            for (Py_ssize_t m0 = 0; m0 < n; m0 += SV_TILE_X) {
+                const float* rows_x[SV_TILE_X];
+                int live = n - m0 < SV_TILE_X ? (int) (n - m0) : SV_TILE_X;
                 for (int b = 0; b < live; b++)
                     rows_x[b] = x + (m0 + b) * x_stride;
-                switch (live) {
-                    case 1: sv_tile(rows_x, 1, w_tile, w_stride, w_next, full, tail, sums); break;
-                    case 2: sv_tile(rows_x, 2, w_tile, w_stride, w_next, full, tail, sums); break;
-                    case 3: sv_tile(rows_x, 3, w_tile, w_stride, w_next, full, tail, sums); break;
-                    default: sv_tile(rows_x, 4, w_tile, w_stride, w_next, full, tail, sums);
-                }
+                /* each width its own fully unrolled tile */
+                if (live == 1)
+                    sv_tile(rows_x, 1, w_tile, w_stride, w_next, full, tail, sums);
+    #if SV_TILE_X == 4
+                else if (live == 2)
+                    sv_tile(rows_x, 2, w_tile, w_stride, w_next, full, tail, sums);
+                else if (live == 3)
+                    sv_tile(rows_x, 3, w_tile, w_stride, w_next, full, tail, sums);
+    #endif
+                else
+                    sv_tile(rows_x, SV_TILE_X, w_tile, w_stride, w_next, full, tail, sums);
                 for (int b = 0; b < live; b++)
-                    for (int a = 0; a < SV_TILE; a++)
+                    for (int a = 0; a < SV_TILE_W; a++)
                         y[(m0 + b) * y_stride + o0 + a] = bias ? sums[a][b] + bias[o0 + a] : sums[a][b];
             }
         }
-        for (Py_ssize_t o = tiled; o < n_out; o++)  /* the last n_out % 4 weight rows (or all) */
+        for (Py_ssize_t o = tiled; o < n_out; o++)  /* the last n_out % SV_TILE_W rows (or all) */
             for (Py_ssize_t m = 0; m < n; m++) {
                 float s = sv_dot16(x + m * x_stride, w + o * w_stride, full, tail);
                 y[m * y_stride + o] = bias ? s + bias[o] : s;
