@@ -4,6 +4,7 @@
   block; mixed draft_probs presence, scores for greedy requests), every request's output equals
   the single-request op's on its own rows and uniforms, on 1, 2 and 3 threads; and equals the
   slow reference.
+- Schedule: threads claim the requests largest first (rows read; ties in request order).
 - Randomness: per-request generators draw exactly what the single ops draw (numpy and torch),
   greedy requests leave theirs untouched, one generator equals the same draw given as uniforms.
 - Law: per-request accepted-length histograms (and emitted tokens) of the batched op against the
@@ -256,6 +257,21 @@ def test_pool_probes_see_a_helper_and_read_every_word():
         ns, bits, helper_chunks = _kernels._pool_read_ns(data, threads, chunk_bytes=4096)
         assert ns > 0 and 0 <= helper_chunks <= (0 if threads == 1 else 98)
         assert bits == int(np.bitwise_or.reduce(data)) == (1 << 31) | ((1 << 20) - 1)
+
+
+@pytest.mark.emulated
+def test_threads_claim_the_largest_requests_first():
+    from specverify import _kernels
+    rng = np.random.default_rng(31)
+    for _ in range(scaled(200)):
+        r = int(rng.integers(0, 40))
+        k = rng.integers(0, 12, r)
+        has_draft = rng.random(r) < 0.5
+        codes = rng.integers(0, len(sv.BATCH_METHODS), r)
+        order = _kernels._claim_order(np.concatenate([[0], np.cumsum(k)]), has_draft, codes)
+        rows = k + 1 + np.where(has_draft & (codes != sv.BATCH_METHODS.index("greedy")), k, 0)
+        # decreasing rows read, ties in request order: a stable sort of -rows
+        assert np.array_equal(order, np.argsort(-rows, kind="stable")), (k, has_draft, codes)
 
 
 @pytest.mark.emulated
