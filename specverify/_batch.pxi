@@ -137,30 +137,39 @@ cdef Py_ssize_t* _largest_first(const _Batch* b) noexcept nogil:
 def _claim_order(cu_num_draft_tokens, has_draft_probs, methods):
     """The order in which verify_batch's threads claim the requests (for the tests): int64 [R]
     from cu [R + 1] (int64), has_draft_probs [R] (bool) and methods [R] (BATCH_METHODS codes)."""
-    cdef int64_t[::1] cu = np.ascontiguousarray(cu_num_draft_tokens, dtype=np.int64)
-    cdef uint8_t[::1] has_draft = np.ascontiguousarray(has_draft_probs, dtype=np.uint8)
-    cdef uint8_t[::1] codes = np.ascontiguousarray(methods, dtype=np.uint8)
+    # Buffers, not typed memoryviews: those bring atomic reference counts, which the Cortex-A72
+    # build must not hold (tools/aarch64_check.sh checks it).
+    cu_array = np.ascontiguousarray(cu_num_draft_tokens, dtype=np.int64)
+    arrays = (cu_array, np.ascontiguousarray(has_draft_probs, dtype=np.uint8),
+              np.ascontiguousarray(methods, dtype=np.uint8))
+    cdef Py_buffer views[3]
     cdef _Batch b
-    cdef Py_ssize_t r
-    cdef Py_ssize_t* order
-    if cu.shape[0] < 1 or has_draft.shape[0] != cu.shape[0] - 1 or codes.shape[0] != has_draft.shape[0]:
+    cdef Py_ssize_t r, held = 0
+    cdef Py_ssize_t* order = NULL
+    n_requests = cu_array.size - 1
+    if n_requests < 0 or arrays[1].size != n_requests or arrays[2].size != n_requests:
         raise ValueError("cu_num_draft_tokens needs R + 1 entries, has_draft_probs and methods R")
-    b.n_requests = has_draft.shape[0]
-    if b.n_requests == 0:
+    if n_requests == 0:
         return np.empty(0, dtype=np.int64)
-    b.width = 1
-    for r in range(b.n_requests):
-        if cu[r + 1] < cu[r] or cu[0] != 0 or codes[r] >= len(BATCH_METHODS):
-            raise ValueError("cu_num_draft_tokens must rise from 0; methods must be method codes")
-        b.width = max(b.width, cu[r + 1] - cu[r] + 1)
-    b.cu, b.has_draft, b.methods = &cu[0], &has_draft[0], &codes[0]
-    order = _largest_first(&b)
-    if order == NULL:
-        raise MemoryError()
+    if cu_array[0] != 0 or (np.diff(cu_array) < 0).any() or (arrays[2] >= len(BATCH_METHODS)).any():
+        raise ValueError("cu_num_draft_tokens must rise from 0; methods must be method codes")
     try:
-        return np.array([order[r] for r in range(b.n_requests)], dtype=np.int64)
+        for held in range(3):
+            PyObject_GetBuffer(arrays[held], &views[held], PyBUF_RECORDS_RO)
+        held = 3
+        b.n_requests = n_requests
+        b.width = int(np.diff(cu_array).max()) + 1
+        b.cu = <const int64_t*> views[0].buf
+        b.has_draft = <const uint8_t*> views[1].buf
+        b.methods = <const uint8_t*> views[2].buf
+        order = _largest_first(&b)
+        if order == NULL:
+            raise MemoryError()
+        return np.array([order[r] for r in range(n_requests)], dtype=np.int64)
     finally:
         free(order)
+        for r in range(held):
+            PyBuffer_Release(&views[r])
 
 
 cdef void _verify_requests(_Batch* b, int num_threads) noexcept nogil:

@@ -21,7 +21,12 @@
 #      x86-64; every (n_accepted, next_token) of the aarch64 builds under qemu must equal the
 #      x86-64 build's (same C, host gcc, -march=native); also for the oldest CPU's build on the
 #      newest emulated CPU (a Pi 4 build must run on a Pi 5: the agreement cases call every op;
-#      the suite there would test the same code a third time, for 3 more minutes of CPU).
+#      the suite there would test the same code a third time, for 3 more minutes of CPU);
+#   7. the same C built for the lower x86-64 levels this host can run ($SPECVERIFY_X86_LEVELS,
+#      default x86-64 = SSE2, x86-64-v3 = AVX2 + FMA, x86-64-v4 = AVX-512): the reduced suite and
+#      the agreement run natively.  Each level compiles its own vector path (_primitives.pxd,
+#      _linear.pxi), and -march=native exercises only one of them: this is what proves the AVX2
+#      path on an AVX-512 host and the AVX-512 path nowhere else.
 #
 # Environment
 #   PYTHON                    host Python with Cython, NumPy, setuptools (default: python3, else python)
@@ -31,12 +36,15 @@
 #   SPECVERIFY_DEBIAN_MIRROR  Debian mirror for mmdebstrap (default: mmdebstrap's)
 #   SPECVERIFY_AGREEMENT_CASES number of agreement cases (default 300)
 #   SPECVERIFY_AARCH64_JOBS   emulated runs side by side (default: the usable CPUs)
+#   SPECVERIFY_X86_LEVELS     x86-64 levels of step 7 (default "x86-64 x86-64-v3 x86-64-v4"; those
+#                             the host cannot run are skipped and said so)
 #   SPECVERIFY_KEEP=1         keep the scratch directory (printed at the end)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 export LC_ALL=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HOST_INC='' HOST_NP='' HOST_EXT=''  # the host Python's headers, NumPy's, extension suffix
 PY=''   # host Python with Cython, numpy, setuptools: $PYTHON, else python3, else python
 read -r -a CPUS <<< "${SPECVERIFY_AARCH64_CPUS:-cortex-a72 cortex-a76}"
 SUITE=bookworm
@@ -46,6 +54,7 @@ HOST_PKGS=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user-static mmd
 CROSS=aarch64-linux-gnu
 AGREEMENT_CASES=${SPECVERIFY_AGREEMENT_CASES:-300}
 JOBS=${SPECVERIFY_AARCH64_JOBS:-$(nproc)}
+read -r -a X86_LEVELS <<< "${SPECVERIFY_X86_LEVELS-x86-64 x86-64-v3 x86-64-v4}"
 # ARMv8.1+ instructions a Cortex-A72 (ARMv8.0) would trap on: LSE atomics, RCpc loads, dot product.
 V81_INSNS='(cas|casa|casl|casal|casp\w*|casb|cash|casab|casah|casalb|casalh|caslb|caslh|ldadd\w*|ldclr\w*|ldeor\w*|ldset\w*|ldsmax\w*|ldsmin\w*|ldumax\w*|ldumin\w*|stadd\w*|stclr\w*|steor\w*|stset\w*|swp\w*|ldapr\w*|sdot|udot|sqrdmlah|sqrdmlsh)'
 
@@ -175,12 +184,13 @@ qemu_py() {
         "$WORK/bin/python3-$cpu" "$@")
 }
 
-# copy the package's Python files, the tests (and tools/, which some tests import) and the pytest
+# copy the package's Python files, the tests (and tools/ and experiments/, which some tests
+# import: under qemu those skip for want of torch, natively they run) and the pytest
 # configuration into a scratch tree
 make_tree() {
     local tree=$1 f
     mkdir -p "$tree"
-    (cd "$REPO" && find specverify tests tools -type f \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' \
+    (cd "$REPO" && find specverify tests tools experiments -type f \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' \
         -o -name '*.json' -o -name '*.npz' -o -name '*.txt' \) -not -path '*/__pycache__/*' -print0 \
         | xargs -0 cp --parents -t "$tree")
     for f in pytest.ini pyproject.toml setup.cfg tox.ini conftest.py; do
@@ -230,6 +240,73 @@ emulated_run() {
     fi
 }
 
+# 0 if this host's CPU runs code built with -march=<level> (gcc's own ISA-level test)
+host_runs_level() {
+    local probe=$WORK/tmp/level-${1//[^A-Za-z0-9]/_}
+    printf 'int main(void) { __builtin_cpu_init(); return !__builtin_cpu_supports("%s"); }\n' "$1" >"$probe.c"
+    gcc "$probe.c" -o "$probe" 2>/dev/null && "$probe"
+}
+
+# Step 7 for one x86-64 <level>: the same C built with -march=<level> into its own tree, then the
+# reduced suite and the agreement run on this host.  Same reports as emulated_run.
+x86_level_run() {
+    local level=$1 build=x86-$1 tag="x86-64 build for $1"
+    local tree=$WORK/x86-$1/tree log_file=$WORK/report/pytest-x86-$1.log
+    local suite_file=$WORK/report/suite-$build.txt agree_file=$WORK/report/agree-$build.txt
+    local name c pyx args so rc=0 summary
+    : >"$suite_file"
+    : >"$agree_file"
+    if ! host_runs_level "$level"; then
+        echo "$tag: skipped, this CPU cannot run it" >"$suite_file"
+        echo "[$tag] skipped, this CPU cannot run it" >"$agree_file"
+        return 0
+    fi
+    make_tree "$tree"
+    while IFS=$'\t' read -r name c pyx args; do
+        so=$tree/${name//.//}$HOST_EXT
+        # shellcheck disable=SC2086
+        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march="$level" -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" \
+            </dev/null 2>"$WORK/report/build-$build.log" || {
+            cat "$WORK/report/build-$build.log" >&2
+            fail "$tag: build of $name failed"
+            echo "$tag: build failed" >"$suite_file"
+            echo "[$tag] build failed" >"$agree_file"
+            return 0
+        }
+    done <"$WORK/exts.tsv"
+    local loaded
+    loaded=$(cd "$tree" && PYTHONPATH="$tree" "$PY" -c 'import specverify._kernels as k; print(k.__file__)' 2>&1) || true
+    if [[ $loaded != "$tree"/* ]]; then
+        fail "$tag: python loads another build ($loaded)"
+        echo "$tag: not run, python loads another build" >"$suite_file"
+        echo "[$tag] not run" >"$agree_file"
+        return 0
+    fi
+    log "$tag: pytest -m emulated"
+    (cd "$tree" && PYTHONPATH="$tree" SPECVERIFY_EMULATED=1 PYTHONHASHSEED=0 TMPDIR="$WORK/tmp" \
+        "$PY" -m pytest -m emulated -q -p no:cacheprovider tests/) >"$log_file" 2>&1 || rc=$?
+    summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
+    echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >"$suite_file"
+    if ((rc != 0)); then
+        tail -n 40 "$log_file" >&2
+        fail "$tag: suite failed (rc=$rc): $summary"
+    fi
+    log "$tag: ${summary:-rc=$rc}; agreement run"
+    if (cd "$tree" && PYTHONPATH="$tree" "$PY" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
+            --out "$WORK/$build.npz") >"$WORK/report/agree-run-$build.log" 2>&1 \
+            && grep -q "(_kernels$HOST_EXT)" "$WORK/report/agree-run-$build.log"; then
+        "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
+            --got "$WORK/$build.npz" --cases "$WORK/cases.npz" --label "$tag" \
+            --dump "$WORK/report/mismatch-$build.npz" >"$agree_file" \
+            || fail "$tag: results differ from the -march=native build (inputs: report/mismatch-$build.npz)"
+        cat "$agree_file"
+    else
+        tail -n 30 "$WORK/report/agree-run-$build.log" >&2
+        fail "$tag: agreement run crashed"
+        echo "[$tag] agreement: run crashed" >"$agree_file"
+    fi
+}
+
 # ---------------------------------------------------------------------------------------------
 main() {
     log "repo $REPO, CPUs ${CPUS[*]}, scratch $WORK"
@@ -243,17 +320,16 @@ main() {
         || die "cythonizing failed (tools/cross_build.py)"
     [[ -s $WORK/exts.tsv ]] || die "setup.py declares no extension"
     local name c pyx args so cpu
-    local host_inc host_np host_ext
-    host_inc=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-    host_np=$("$PY" -c 'import numpy; print(numpy.get_include())')
-    host_ext=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    HOST_INC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+    HOST_NP=$("$PY" -c 'import numpy; print(numpy.get_include())')
+    HOST_EXT=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 
     # x86-64 reference build of the same C (setup.py's flags; -march=native as setup.py's default)
     make_tree "$WORK/x86/tree"
     while IFS=$'\t' read -r name c pyx args; do
-        so=$WORK/x86/tree/${name//.//}$host_ext
+        so=$WORK/x86/tree/${name//.//}$HOST_EXT
         # shellcheck disable=SC2086
-        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march=native -I"$host_inc" -I"$host_np" "$c" -o "$so" </dev/null \
+        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march=native -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" </dev/null \
             2>"$WORK/x86/build.log" || { cat "$WORK/x86/build.log" >&2; die "x86-64 build of $name failed"; }
     done <"$WORK/exts.tsv"
     log "x86-64 reference build done"
@@ -299,25 +375,29 @@ main() {
         --cases "$WORK/cases.npz" --out "$WORK/x86.npz") || die "x86-64 agreement run failed"
     cp "$REPO/tools/cross_agreement.py" "$WORK/cross_agreement.py"
 
-    # 5 + 6b. emulated runs: each build on its own CPU with the suite, then the oldest build on the
-    # newest CPU, agreement only; $JOBS at a time (a qemu process emulates one CPU on one core)
-    local runs=() r running=0 build emu suite
-    for cpu in "${CPUS[@]}"; do runs+=("$cpu:$cpu:1"); make_launcher "$cpu"; done
-    ((${#CPUS[@]} > 1)) && runs+=("${CPUS[0]}:${CPUS[-1]}:0")
+    # 5 + 6b + 7. the runs: each aarch64 build on its own emulated CPU with the suite, the oldest
+    # build on the newest CPU (agreement only), then the x86-64 levels natively; $JOBS at a time
+    # (a qemu process emulates one CPU on one core).  A run is "<build> <emulated CPU> <suite>"
+    # or "x86 <level>"; its reports are named <build>-on-<emu> or x86-<level>.
+    local runs=() r running=0 build emu suite report level
+    for cpu in "${CPUS[@]}"; do runs+=("$cpu $cpu 1"); make_launcher "$cpu"; done
+    ((${#CPUS[@]} > 1)) && runs+=("${CPUS[0]} ${CPUS[-1]} 0")
+    for level in "${X86_LEVELS[@]}"; do runs+=("x86 $level"); done
     for r in "${runs[@]}"; do
         if ((running >= JOBS)); then
             wait -n || true
             running=$((running - 1))
         fi
-        IFS=: read -r build emu suite <<<"$r"
-        emulated_run "$build" "$emu" "$suite" &
+        read -r build emu suite <<<"$r"
+        if [[ $build == x86 ]]; then x86_level_run "$emu" & else emulated_run "$build" "$emu" "$suite" & fi
         running=$((running + 1))
     done
     wait
     for r in "${runs[@]}"; do  # reports in run order, whatever order the runs ended in
-        IFS=: read -r build emu suite <<<"$r"
-        cat "$WORK/report/suite-$build-on-$emu.txt" >>"$WORK/report/suite.txt"
-        cat "$WORK/report/agree-$build-on-$emu.txt" >>"$WORK/report/agree.txt"
+        read -r build emu suite <<<"$r"
+        if [[ $build == x86 ]]; then report=x86-$emu; else report=$build-on-$emu; fi
+        cat "$WORK/report/suite-$report.txt" >>"$WORK/report/suite.txt"
+        cat "$WORK/report/agree-$report.txt" >>"$WORK/report/agree.txt"
     done
 
     # summary
@@ -328,9 +408,9 @@ main() {
         sed -E 's/^\[[^]]*\] /   /' "$WORK/$cpu/neon.txt"
     done
     sed 's/^/-- /' "$WORK/report/isa.txt"
-    echo "-- emulated suite"
+    echo "-- reduced suite (emulated aarch64; x86-64 levels natively)"
     sed 's/^/   /' "$WORK/report/suite.txt"
-    echo "-- cross-architecture agreement with x86-64"
+    echo "-- agreement with the x86-64 -march=native build"
     sed -E 's/^\[([^]]*)\] /   \1: /' "$WORK/report/agree.txt"
     if [[ -s $FAILURES_FILE ]]; then
         [[ "${SPECVERIFY_KEEP:-0}" == 1 ]] || { SPECVERIFY_KEEP=1; echo "(scratch kept for inspection)"; }
