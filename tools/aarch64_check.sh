@@ -22,11 +22,11 @@
 #      x86-64 build's (same C, host gcc, -march=native); also for the oldest CPU's build on the
 #      newest emulated CPU (a Pi 4 build must run on a Pi 5: the agreement cases call every op;
 #      the suite there would test the same code a third time, for 3 more minutes of CPU);
-#   7. the same C built for the lower x86-64 levels this host can run ($SPECVERIFY_X86_LEVELS,
-#      default x86-64 = SSE2, x86-64-v3 = AVX2 + FMA, x86-64-v4 = AVX-512): the reduced suite and
-#      the agreement run natively.  Each level compiles its own vector path (_primitives.pxd,
-#      _linear.pxi), and -march=native exercises only one of them: this is what proves the AVX2
-#      path on an AVX-512 host and the AVX-512 path nowhere else.
+#   7. the same C built for each x86-64 level this host can run ($SPECVERIFY_X86_LEVELS, default
+#      x86-64 = SSE2, x86-64-v3 = AVX2 + FMA, x86-64-v4 = AVX-512): the reduced suite and the
+#      agreement run natively.  Each level compiles its own vector loops (_primitives.pxd,
+#      _linear.pxi) and -march=native exercises one of them: on an AVX-512 host the AVX2 and
+#      SSE2 loops are proven here only.
 #
 # Environment
 #   PYTHON                    host Python with Cython, NumPy, setuptools (default: python3, else python)
@@ -199,45 +199,60 @@ make_tree() {
     return 0
 }
 
-# One emulated run of <build>'s tree under qemu emulating <emu>: the reduced suite if <suite> is
-# 1, then the agreement run.  Writes report/suite-<build>-on-<emu>.txt and report/agree-...txt
-# (one line each) and records failures with ``fail``; runs in a subshell beside the others.
-emulated_run() {
-    local build=$1 emu=$2 suite=$3
-    local tag="$build build on emulated $emu" log_file=$WORK/report/pytest-$build-on-$emu.log
-    local suite_file=$WORK/report/suite-$build-on-$emu.txt agree_file=$WORK/report/agree-$build-on-$emu.txt
-    : >"$agree_file"
+# run the host's python on a tree's build: host_py <tree> args...  (cwd = tree; the reduced case
+# counts, as under qemu)
+host_py() {
+    local tree=$1
+    shift
+    (cd "$tree" && PYTHONPATH="$tree" PYTHONHASHSEED=0 SPECVERIFY_EMULATED=1 TMPDIR="$WORK/tmp" "$PY" "$@")
+}
+
+# The reduced suite (if <suite> is 1) and the agreement run of the build in <tree>, its python
+# run by the command after the arguments (qemu_py <cpu> <tree> or host_py <tree>).  Writes
+# report/suite-<report>.txt and report/agree-<report>.txt (one line each) and records failures
+# with ``fail``; runs in a subshell beside the others.
+suite_and_agreement() {
+    local tag=$1 report=$2 suite=$3 tree=$4 ext=$5
+    shift 5
+    local log_file=$WORK/report/pytest-$report.log suite_file=$WORK/report/suite-$report.txt
+    local agree_file=$WORK/report/agree-$report.txt run_log=$WORK/report/agree-run-$report.log
+    local rc=0 summary
     : >"$suite_file"
+    : >"$agree_file"
     if ((suite)); then
         log "$tag: pytest -m emulated"
-        local rc=0
-        qemu_py "$emu" "$WORK/$build/tree" -m pytest -m emulated -q -p no:cacheprovider tests/ \
-            >"$log_file" 2>&1 || rc=$?
-        local summary
+        "$@" -m pytest -m emulated -q -p no:cacheprovider tests/ >"$log_file" 2>&1 || rc=$?
         summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
         echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >"$suite_file"
         if ((rc == 5)); then
             fail "$tag: no test is marked @pytest.mark.emulated"
         elif ((rc != 0)); then
             tail -n 40 "$log_file" >&2
-            fail "$tag: emulated suite failed (rc=$rc): $summary"
+            fail "$tag: suite failed (rc=$rc): $summary"
         fi
         log "$tag: ${summary:-rc=$rc}"
     fi
     log "$tag: agreement run"
-    if qemu_py "$emu" "$WORK/$build/tree" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
-            --out "$WORK/arm-$build-on-$emu.npz" >"$WORK/report/agree-run-$build-on-$emu.log" 2>&1 \
-            && grep -q "on aarch64 (_kernels$TARGET_EXT)" "$WORK/report/agree-run-$build-on-$emu.log"; then
+    # the run names the module it loaded: it must be this tree's build
+    if "$@" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" --out "$WORK/answers-$report.npz" \
+            >"$run_log" 2>&1 && grep -qF "($tree/specverify/_kernels$ext)" "$run_log"; then
         "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
-            --got "$WORK/arm-$build-on-$emu.npz" --cases "$WORK/cases.npz" --label "$tag" \
-            --dump "$WORK/report/mismatch-$build-on-$emu.npz" >"$agree_file" \
-            || fail "$tag: results differ from x86-64 (inputs: report/mismatch-$build-on-$emu.npz)"
+            --got "$WORK/answers-$report.npz" --cases "$WORK/cases.npz" --label "$tag" \
+            --dump "$WORK/report/mismatch-$report.npz" >"$agree_file" \
+            || fail "$tag: results differ from the x86-64 -march=native build (inputs: report/mismatch-$report.npz)"
         cat "$agree_file"
     else
-        tail -n 30 "$WORK/report/agree-run-$build-on-$emu.log" >&2
-        fail "$tag: agreement run crashed (or did not load the aarch64 build)"
+        tail -n 30 "$run_log" >&2
+        fail "$tag: agreement run crashed (or did not load this build)"
         echo "[$tag] agreement: run crashed" >"$agree_file"
     fi
+}
+
+# Steps 5 and 6b: <build>'s tree under qemu emulating <emu>, the suite if <suite> is 1.
+emulated_run() {
+    local build=$1 emu=$2 suite=$3
+    suite_and_agreement "$build build on emulated $emu" "$build-on-$emu" "$suite" "$WORK/$build/tree" \
+        "$TARGET_EXT" qemu_py "$emu" "$WORK/$build/tree"
 }
 
 # 0 if this host's CPU runs code built with -march=<level> (gcc's own ISA-level test)
@@ -248,17 +263,13 @@ host_runs_level() {
 }
 
 # Step 7 for one x86-64 <level>: the same C built with -march=<level> into its own tree, then the
-# reduced suite and the agreement run on this host.  Same reports as emulated_run.
+# reduced suite and the agreement run on this host.
 x86_level_run() {
-    local level=$1 build=x86-$1 tag="x86-64 build for $1"
-    local tree=$WORK/x86-$1/tree log_file=$WORK/report/pytest-x86-$1.log
-    local suite_file=$WORK/report/suite-$build.txt agree_file=$WORK/report/agree-$build.txt
-    local name c pyx args so rc=0 summary
-    : >"$suite_file"
-    : >"$agree_file"
+    local level=$1 tag="x86-64 build for $1" report=x86-$1 tree=$WORK/x86-$1/tree
+    local name c pyx args so
     if ! host_runs_level "$level"; then
-        echo "$tag: skipped, this CPU cannot run it" >"$suite_file"
-        echo "[$tag] skipped, this CPU cannot run it" >"$agree_file"
+        echo "$tag: skipped, this CPU cannot run it" >"$WORK/report/suite-$report.txt"
+        echo "[$tag] skipped, this CPU cannot run it" >"$WORK/report/agree-$report.txt"
         return 0
     fi
     make_tree "$tree"
@@ -266,45 +277,15 @@ x86_level_run() {
         so=$tree/${name//.//}$HOST_EXT
         # shellcheck disable=SC2086
         gcc -shared -fPIC -DNDEBUG -fwrapv $args -march="$level" -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" \
-            </dev/null 2>"$WORK/report/build-$build.log" || {
-            cat "$WORK/report/build-$build.log" >&2
+            </dev/null 2>"$WORK/report/build-$report.log" || {
+            cat "$WORK/report/build-$report.log" >&2
             fail "$tag: build of $name failed"
-            echo "$tag: build failed" >"$suite_file"
-            echo "[$tag] build failed" >"$agree_file"
+            echo "$tag: build failed" >"$WORK/report/suite-$report.txt"
+            echo "[$tag] build failed" >"$WORK/report/agree-$report.txt"
             return 0
         }
     done <"$WORK/exts.tsv"
-    local loaded
-    loaded=$(cd "$tree" && PYTHONPATH="$tree" "$PY" -c 'import specverify._kernels as k; print(k.__file__)' 2>&1) || true
-    if [[ $loaded != "$tree"/* ]]; then
-        fail "$tag: python loads another build ($loaded)"
-        echo "$tag: not run, python loads another build" >"$suite_file"
-        echo "[$tag] not run" >"$agree_file"
-        return 0
-    fi
-    log "$tag: pytest -m emulated"
-    (cd "$tree" && PYTHONPATH="$tree" SPECVERIFY_EMULATED=1 PYTHONHASHSEED=0 TMPDIR="$WORK/tmp" \
-        "$PY" -m pytest -m emulated -q -p no:cacheprovider tests/) >"$log_file" 2>&1 || rc=$?
-    summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$log_file" | tail -n1 | sed -E 's/=+//g; s/^ +| +$//g')
-    echo "$tag: ${summary:-no pytest summary (rc=$rc)}" >"$suite_file"
-    if ((rc != 0)); then
-        tail -n 40 "$log_file" >&2
-        fail "$tag: suite failed (rc=$rc): $summary"
-    fi
-    log "$tag: ${summary:-rc=$rc}; agreement run"
-    if (cd "$tree" && PYTHONPATH="$tree" "$PY" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" \
-            --out "$WORK/$build.npz") >"$WORK/report/agree-run-$build.log" 2>&1 \
-            && grep -q "(_kernels$HOST_EXT)" "$WORK/report/agree-run-$build.log"; then
-        "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
-            --got "$WORK/$build.npz" --cases "$WORK/cases.npz" --label "$tag" \
-            --dump "$WORK/report/mismatch-$build.npz" >"$agree_file" \
-            || fail "$tag: results differ from the -march=native build (inputs: report/mismatch-$build.npz)"
-        cat "$agree_file"
-    else
-        tail -n 30 "$WORK/report/agree-run-$build.log" >&2
-        fail "$tag: agreement run crashed"
-        echo "[$tag] agreement: run crashed" >"$agree_file"
-    fi
+    suite_and_agreement "$tag" "$report" 1 "$tree" "$HOST_EXT" host_py "$tree"
 }
 
 # ---------------------------------------------------------------------------------------------

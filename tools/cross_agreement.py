@@ -355,7 +355,7 @@ def main(argv=None):
         np.savez(a.out, results=results, errors=errors)
         import specverify._kernels as k
         print(f"ran {results.shape[0]} cases x {len(OPS)} ops on {platform.machine()} "
-              f"({k.__file__.rsplit('/', 1)[-1]}) in {time.time() - t0:.1f}s")
+              f"({k.__file__}) in {time.time() - t0:.1f}s")
         return 0
     return compare(a.expected, a.got, a.cases, f"[{a.label}] " if a.label else "", a.dump)
 
