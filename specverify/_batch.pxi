@@ -102,32 +102,37 @@ cdef void _verify_request_task(void* batch, Py_ssize_t i) noexcept nogil:
         _verify_request(b, b.claim_order[i])
 
 
+cdef inline Py_ssize_t _rows_read(const _Batch* b, Py_ssize_t r) noexcept nogil:
+    """The most rows request r can read: K_r + 1 target rows, and K_r draft rows if it has them
+    and samples (greedy reads none)."""
+    cdef Py_ssize_t k = b.cu[r + 1] - b.cu[r]
+    return k + 1 + (k if b.has_draft[r] and b.methods[r] != METHOD_GREEDY else 0)
+
+
 cdef Py_ssize_t* _largest_first(const _Batch* b) noexcept nogil:
-    """The requests by decreasing rows read (K_r + 1 target rows, K_r draft rows if given), ties
-    in request order: a counting sort, O(R + K_max).  Claimed in this order, the threads end
+    """The requests by decreasing ``_rows_read``, ties in request order: a counting sort,
+    O(R + K_max).  Claimed in this order, the threads end
     together: the last claims are the smallest (in order, a large request claimed last keeps one
     thread busy alone; with R = 8 and K_r uniform in 0..8 that caps two threads at 1.86x on
     average, against 1.96x largest first).  NULL if out of memory (then in order)."""
-    cdef Py_ssize_t n_weights = 2 * b.width, r, w, k, start = 0, count
-    cdef Py_ssize_t* order = <Py_ssize_t*> malloc((b.n_requests + n_weights + 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t n_weights = 2 * b.width, r, w, start = 0, count   # rows read < 2 * width
+    cdef Py_ssize_t* order = <Py_ssize_t*> malloc((b.n_requests + n_weights) * sizeof(Py_ssize_t))
     cdef Py_ssize_t* first
     if order == NULL:
         return NULL
-    first = order + b.n_requests    # first[n_weights - w]: where weight w's requests start
-    for w in range(n_weights + 1):
+    first = order + b.n_requests    # first[n_weights - w]: where the requests reading w rows go
+    for w in range(n_weights):
         first[w] = 0
     for r in range(b.n_requests):
-        k = b.cu[r + 1] - b.cu[r]
-        w = k + 1 + (k if b.has_draft[r] and b.methods[r] != METHOD_GREEDY else 0)
-        check_index(n_weights - w, n_weights + 1)
-        first[n_weights - w] += 1
-    for w in range(n_weights + 1):
+        w = n_weights - _rows_read(b, r)
+        check_index(w, n_weights)
+        first[w] += 1
+    for w in range(n_weights):
         count = first[w]
         first[w] = start
         start += count
     for r in range(b.n_requests):
-        k = b.cu[r + 1] - b.cu[r]
-        w = n_weights - (k + 1 + (k if b.has_draft[r] and b.methods[r] != METHOD_GREEDY else 0))
+        w = n_weights - _rows_read(b, r)
         check_index(first[w], b.n_requests)
         order[first[w]] = r
         first[w] += 1

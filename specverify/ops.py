@@ -320,9 +320,9 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
             thread and helper threads (started once, kept) claim requests one at a time, largest
             first (rows read), so that the threads end together; the call waits only for
             requests a helper has claimed, never for a helper that is late to run (a fork-join
-            barrier costs scheduler slices on a loaded machine).  Idle helpers poll
-            for 50 us before they sleep, so calls in quick succession find them awake.  1 runs on
-            the calling thread alone; so does a call made while another call holds the helpers.
+            barrier costs scheduler slices on a loaded machine).  Idle helpers poll for 50 us
+            before they sleep, so calls in quick succession find them awake.  1 runs on the
+            calling thread alone; so does a call made while another call holds the helpers.
             None: ``OMP_NUM_THREADS`` if set, else the CPUs this process may use (read once), but
             only one thread per 2^19 target elements the batch may read (``(sum(K_r) + R) * V``):
             a sleeping helper takes 20-50 us to start, longer than a smaller batch lasts.
