@@ -111,10 +111,10 @@ cdef inline Py_ssize_t _rows_read(const _Batch* b, Py_ssize_t r) noexcept nogil:
 
 cdef Py_ssize_t* _largest_first(const _Batch* b) noexcept nogil:
     """The requests by decreasing ``_rows_read``, ties in request order: a counting sort,
-    O(R + K_max).  Claimed in this order, the threads end
-    together: the last claims are the smallest (in order, a large request claimed last keeps one
-    thread busy alone; with R = 8 and K_r uniform in 0..8 that caps two threads at 1.86x on
-    average, against 1.96x largest first).  NULL if out of memory (then in order)."""
+    O(R + K_max).  Claimed in this order, the threads end together: the last claims are the
+    smallest (in order, a large request claimed last keeps one thread busy alone; with R = 8 and
+    K_r uniform in 0..8 that caps two threads at 1.86x on average, against 1.96x largest
+    first).  NULL if out of memory (then in order)."""
     cdef Py_ssize_t n_weights = 2 * b.width, r, w, start = 0, count   # rows read < 2 * width
     cdef Py_ssize_t* order = <Py_ssize_t*> malloc((b.n_requests + n_weights) * sizeof(Py_ssize_t))
     cdef Py_ssize_t* first
@@ -156,14 +156,15 @@ def _claim_order(cu_num_draft_tokens, has_draft_probs, methods):
         raise ValueError("cu_num_draft_tokens needs R + 1 entries, has_draft_probs and methods R")
     if n_requests == 0:
         return np.empty(0, dtype=np.int64)
-    if cu_array[0] != 0 or (np.diff(cu_array) < 0).any() or (arrays[2] >= len(BATCH_METHODS)).any():
+    k = np.diff(cu_array)
+    if cu_array[0] != 0 or (k < 0).any() or (arrays[2] >= len(BATCH_METHODS)).any():
         raise ValueError("cu_num_draft_tokens must rise from 0; methods must be method codes")
     try:
         for held in range(3):
             PyObject_GetBuffer(arrays[held], &views[held], PyBUF_RECORDS_RO)
         held = 3
         b.n_requests = n_requests
-        b.width = int(np.diff(cu_array).max()) + 1
+        b.width = int(k.max()) + 1
         b.cu = <const int64_t*> views[0].buf
         b.has_draft = <const uint8_t*> views[1].buf
         b.methods = <const uint8_t*> views[2].buf
