@@ -48,7 +48,7 @@ CSV_NAME, OVERHEAD_CSV_NAME, MD_NAME = "batch.csv", "batch_overhead.csv", "batch
 
 CSV_FIELDS = ("V", "R", "method", "cache", "rows_read_mean", "bytes_mean", "impl", "min_us", "median_us",
               "us_per_request", "ratio_to_floor_min", "ratio_to_batch_floor_min", "speedup_vs_loop", "speedup_2t_vs_1t",
-              "speedup_2t_vs_1t_median")
+              "speedup_2t_vs_1t_median", "dram_2t_ceiling", "ratio_to_2t_floor_min")
 
 
 def make_batch(v, n_requests, rng, tau):
@@ -127,6 +127,36 @@ def _functions(sv):
     return fns if spin is not None else {k: f for k, f in fns.items() if k != "batch 2t asleep"}
 
 
+class DramCeiling:
+    """What a second thread can gain reading DRAM, measured beside each cold cell: the time of a
+    pool read (``_kernels._pool_read_ns``: the batch pool's own claiming, 1 MiB per claim) of
+    ``slice_bytes`` on one thread over that on two, best of ``passes`` each, alternated. The
+    slices of a ``region_bytes`` region are read in turn, so each has been evicted by the others
+    before it comes back. A batch whose one-thread run is DRAM-bound cannot gain more than this
+    from a second thread; the 2-thread floor of a cold cell is its summed floors over it.
+    ``None`` (no ceiling) when the build has no pool probe."""
+
+    def __init__(self, kernels, region_bytes, slice_bytes=32 << 20, passes=5):
+        self.read = getattr(kernels, "_pool_read_ns", None)
+        self.passes = passes
+        if self.read is not None:
+            words = max(1, slice_bytes // 4)
+            region = np.ones(max(region_bytes // 4, 4 * words), dtype=np.uint32)  # pages touched
+            self.slices = [region[i:i + words] for i in range(0, region.size - words + 1, words)]
+            self.next = 0
+
+    def __call__(self):
+        if self.read is None:
+            return None
+        best = {1: math.inf, 2: math.inf}
+        for _ in range(self.passes):
+            for threads in best:
+                ns = self.read(self.slices[self.next], threads)[0]
+                self.next = (self.next + 1) % len(self.slices)
+                best[threads] = min(best[threads], ns)
+        return best[1] / best[2]
+
+
 def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWEEP, log=print):
     """Rows of the batch sweep (dicts with CSV_FIELDS) and the V = 8 overhead rows.
 
@@ -135,6 +165,9 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
     spin = getattr(getattr(sv, "_kernels", None), "_pool_spin_ns", None)
     saved_spin = spin() if spin is not None else None
     fns = _functions(sv)
+    # 8 slices of the cold size (at most 64 MiB): each is out of every cache when it comes back
+    ceiling_slice = min(settings["cold_bytes"], 64 << 20)
+    ceiling = DramCeiling(getattr(sv, "_kernels", None), 8 * ceiling_slice, slice_bytes=ceiling_slice)
     requests, vocabs = sweep["requests"], sweep["vocabs"]
     budget = sweep["budget_s"] / (len(requests) * len(vocabs) * len(CACHES) * len(METHODS))
     rows = []
@@ -162,8 +195,10 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
                     # than L2 cannot have). Cold, the summed floors already are physical.
                     bytes_mean = float(np.mean([sum(per) for per in nbytes]))
                     batch_floor_us = probe.floor_ns("warm", int(bytes_mean)) / 1e3 if cache == "warm" else floor_us
+                    dram_2t = ceiling() if cache == "cold" else None  # right after the cell's timing
                     common = dict(V=v, R=n_requests, method=method, cache=cache,
-                                  rows_read_mean=bytes_mean / (v * bi.F32), bytes_mean=bytes_mean)
+                                  rows_read_mean=bytes_mean / (v * bi.F32), bytes_mean=bytes_mean,
+                                  dram_2t_ceiling=dram_2t)
                     group = {name: dict(common, impl=name, min_us=t.min_us, median_us=t.median_us)
                              for name, t in times.items()}
                     group["floor"] = dict(common, impl="floor", min_us=floor_us, median_us=floor_us)
@@ -179,11 +214,14 @@ def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWE
                             one, two = group["batch 1t"], group[name]
                             two["speedup_2t_vs_1t"] = one["min_us"] / two["min_us"]
                             two["speedup_2t_vs_1t_median"] = one["median_us"] / two["median_us"]
+                            if dram_2t is not None:
+                                two["ratio_to_2t_floor_min"] = two["min_us"] * dram_2t / floor_us
                     rows.extend(group.values())
                     log(f"  batch V={v} R={n_requests:3d} {method:6s} {cache}: " + "  ".join(
                         f"{name} {g['min_us']:.1f}" for name, g in group.items())
                         + f" us  (÷floor 1t {group['batch 1t']['ratio_to_floor_min']:.2f}, 2t/1t " + " ".join(
-                            f"{g['speedup_2t_vs_1t']:.2f}" for g in group.values() if "speedup_2t_vs_1t" in g) + ")")
+                            f"{g['speedup_2t_vs_1t']:.2f}" for g in group.values() if "speedup_2t_vs_1t" in g)
+                        + ("" if dram_2t is None else f", DRAM 2t/1t {dram_2t:.2f}") + ")")
             del batches
     if saved_spin is not None:
         sv._kernels._pool_spin_ns(saved_spin)
@@ -241,7 +279,8 @@ def table(rows):
         groups.setdefault((r["V"], r["R"], r["method"], r["cache"]), {})[r["impl"]] = r
     header = ["V", "R", "method", "cache", "rows read", "batch 1t µs", "µs / request", "÷ floor (1t)",
               "÷ batch floor (1t)", "batch 2t µs", "2t speed-up (min / median)", "2t, helper asleep: speed-up",
-              "loop µs", "× loop (1t)", "floor µs", "batch floor µs"]
+              "DRAM 2t ÷ 1t (cold)", "2t ÷ 2t floor (cold)", "loop µs", "× loop (1t)", "floor µs",
+              "batch floor µs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * 4 + ["--:"] * (len(header) - 4)) + "|"]
     for (v, n, method, cache), g in groups.items():
         one, two, loop, floor, batch_floor = g["batch 1t"], g["batch 2t"], g["loop"], g["floor"], g["batch floor"]
@@ -254,7 +293,8 @@ def table(rows):
             str(v), str(n), method, cache, _fmt(float(floor["rows_read_mean"])), _fmt(one["min_us"]),
             _fmt(float(one["us_per_request"])), _fmt(one["ratio_to_floor_min"]),
             _fmt(one["ratio_to_batch_floor_min"]), _fmt(two["min_us"]), speedups(two), speedups(asleep),
-            _fmt(loop["min_us"]), _fmt(float(loop["min_us"]) / float(one["min_us"])), _fmt(floor["min_us"]),
+            _fmt(two.get("dram_2t_ceiling")), _fmt(two.get("ratio_to_2t_floor_min")), _fmt(loop["min_us"]),
+            _fmt(float(loop["min_us"]) / float(one["min_us"])), _fmt(floor["min_us"]),
             _fmt(batch_floor["min_us"])]) + " |")
     return "\n".join(lines)
 
@@ -280,7 +320,9 @@ def markdown(rows, overhead, meta=None):
         "total size, read again and again (a batch larger than L2 cannot be read at its requests' "
         "L2-resident bandwidth); cold: the summed floors; "
         "loop = the single op (`accept_from_uniforms` / `verify_greedy`) per request on pre-sliced "
-        "views; 2t speed-up = batch 1t ÷ batch 2t (min over passes / median); helper asleep: "
+        "views; 2t speed-up = batch 1t ÷ batch 2t (min over passes / median); DRAM 2t ÷ 1t = what a "
+        "second thread gains reading DRAM (the pool's read probe, right after the cell: the most a "
+        "DRAM-bound batch can gain); 2t floor = the summed floors over it; helper asleep: "
         "helpers sleep as soon as their part is done, so every call wakes one (a serving engine's "
         "case)." + load,
         "",

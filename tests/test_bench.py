@@ -40,6 +40,28 @@ def test_outputs_exist(quick_run):
     assert "| V, K" in stdout and "Python call overhead" in stdout
 
 
+def test_batch_rows_carry_the_dram_ceiling(quick_run):
+    """Cold batch rows have the second thread's DRAM gain measured beside them, and the 2-thread
+    batch is judged against the summed floors divided by it; warm rows have neither."""
+    from experiments import bench_batch
+
+    out, stdout = quick_run
+    rows = bench.read_csv(out / "results" / bench_batch.CSV_NAME)
+    assert tuple(rows[0].keys()) == bench_batch.CSV_FIELDS
+    floors = {(r["V"], r["R"], r["method"], r["cache"]): float(r["min_us"]) for r in rows if r["impl"] == "floor"}
+    two = [r for r in rows if r["impl"] == "batch 2t"]
+    assert {r["cache"] for r in two} == set(bench_batch.CACHES)
+    for r in two:
+        if r["cache"] == "warm":
+            assert r["dram_2t_ceiling"] == r["ratio_to_2t_floor_min"] == ""
+            continue
+        ceiling = float(r["dram_2t_ceiling"])
+        assert 0.3 < ceiling < 4.0  # a ratio of read times, not a time
+        floor = floors[(r["V"], r["R"], r["method"], r["cache"])]
+        assert float(r["ratio_to_2t_floor_min"]) == pytest.approx(float(r["min_us"]) * ceiling / floor, rel=1e-3)
+    assert "DRAM 2t ÷ 1t" in stdout
+
+
 def test_warp_rows(quick_run):
     out, stdout = quick_run
     rows = bench.read_csv(out / "results" / "warp.csv")
