@@ -16,7 +16,9 @@ fixed K and auto / plain over all prompt orders. With ``--evidence`` it replays 
 several recorded runs (each with its own costs), longer texts (``--texts FILE:N1,N2``: a JSON
 ``name -> {ids, text}``, replayed with the first run's costs at each ``max_new``) and jittered
 repeats of the first run (``--jitter-seeds``), and prints per (set, prompt) the worst and median
-ratio to the best fixed K over the orders: the table a change of policy is judged by.
+ratio to the best fixed K over the orders: the table a change of policy is judged by. With
+``--cost-beliefs`` it feeds each run's recorded ``auto`` rounds to the policy and prints how far
+its cost model's ``T(n) / T(1)`` is from the run's medians (:func:`cost_beliefs`).
 """
 
 from __future__ import annotations
@@ -251,6 +253,33 @@ def table_lines(tables: Dict[str, Dict[tuple, tuple]]) -> list:
     return lines
 
 
+def cost_beliefs(make_policy: Callable[[], object], rows, lengths: Sequence[int] = (4, 8, 9),
+                 skip_rounds: int = 100) -> dict:
+    """How well a policy's cost model follows the machine: the recorded ``auto`` rounds of a
+    ``choose_k`` run (in the order they ran) fed to ``make_policy()``, and after every round past
+    the first ``skip_rounds`` its ``T(n) / T(1)`` at ``lengths`` compared with the run's medians
+    (plain and fixed-K rounds). The rounds are the recorded policy's, not this one's: the costs
+    it is shown are the same whatever it would have asked. Returns the rms and the mean of the
+    log errors per length, and the rms error of ``T(max) / T(min)`` of ``lengths`` (the ratio a
+    choice between a short and a long K turns on)."""
+    from specverify.adaptive import RoundRecord
+
+    t, _, _ = choose_k.costs([r for r in rows if r["config"] != "auto"])
+    idx = np.asarray(lengths) - 1
+    truth = t[idx] / t[0]
+    policy, errors = make_policy(), []
+    for row in (r for r in rows if r["config"] == "auto"):
+        policy.begin()
+        for asked, proposed, accepted, d, tt in choose_k._records(row):
+            costs = policy.costs()
+            if costs is not None and policy.rounds >= skip_rounds:
+                errors.append(np.log(costs[1][idx] / truth))
+            policy.observe(RoundRecord(int(asked), int(proposed), int(accepted), float(d), float(tt)))
+    e = np.array(errors)  # [rounds, lengths]
+    return dict(lengths=list(lengths), rms=np.sqrt((e ** 2).mean(axis=0)).tolist(), bias=e.mean(axis=0).tolist(),
+                rms_long_over_short=float(np.sqrt(((e[:, -1] - e[:, 0]) ** 2).mean())))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", nargs="+", default=[None], help="choose_k results folders (default results/choose_k)")
@@ -260,7 +289,22 @@ def main(argv=None):
                     "--jitter-seeds (see evidence_sets)")
     ap.add_argument("--texts", nargs="*", default=[], help="FILE:N1,N2 longer texts replayed with the first run's costs")
     ap.add_argument("--jitter-seeds", nargs="*", type=int, default=[])
+    ap.add_argument("--cost-beliefs", action="store_true",
+                    help="the policy's T(n)/T(1) along each run's recorded auto rounds against the run's medians, "
+                         "with the pace and without it (pace_decay=1)")
     args = ap.parse_args(argv)
+    if args.cost_beliefs:
+        from specverify.adaptive import AdaptiveK
+
+        for folder, label in zip(args.results, run_labels(args.results)):
+            rows, summary = choose_k.load(folder)
+            decay = summary["params"]["decay"]
+            for name, kw in (("paced", {}), ("raw means", dict(pace_decay=1.0))):
+                b = cost_beliefs(lambda: AdaptiveK(k_max=max(choose_k.KS), k_min=0, decay=decay, **kw), rows)
+                print(f"{label:24s} {name:10s} rms log error of T(n)/T(1), n = {b['lengths']}: "
+                      + " ".join(f"{v:.3f}" for v in b["rms"]) + "  mean " + " ".join(f"{v:+.3f}" for v in b["bias"])
+                      + f"  T({b['lengths'][-1]})/T({b['lengths'][0]}): {b['rms_long_over_short']:.3f}")
+        return
     if args.evidence:
         sets = evidence_sets(args.results, args.texts, args.jitter_seeds)
         decay = choose_k.load(args.results[0])[1]["params"]["decay"]

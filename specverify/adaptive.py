@@ -211,6 +211,12 @@ class _CostCurve:
     def seen(self) -> bool:
         return bool(np.any(self.w_at > _NEGLIGIBLE_WEIGHT))
 
+    def mean_at(self, x: int) -> Optional[float]:
+        """The decayed mean observed at ``x`` (``None`` where nothing counts as seen)."""
+        if x < self.w_at.size and self.w_at[x] > _NEGLIGIBLE_WEIGHT:
+            return float(self.y_at[x] / self.w_at[x])
+        return None
+
     def __call__(self, xs) -> np.ndarray:
         return np.asarray(self.values(xs), dtype=np.float64)
 
@@ -253,8 +259,8 @@ _NEGLIGIBLE_WEIGHT = 1e-3
 class AdaptiveK:
     """Each round's K maximizes the modelled speed-up, from estimates learned over past rounds.
 
-    Estimates (all exponentially forgotten with factor ``decay`` per round, so that a change of
-    regime, e.g. a new prompt, is followed):
+    Estimates (exponentially forgotten, the rates with factor ``decay`` per round, so that a
+    change of regime, e.g. a new prompt, is followed, the costs with ``cost_decay``):
 
     - ``a_i``: P(draft i accepted | proposed, drafts before accepted), i = 1..k_max, a
       Beta-Binomial posterior per position whose prior is ``prior_rate`` for position 1 and the
@@ -268,10 +274,19 @@ class AdaptiveK:
     - ``g_i``: P(draft i proposed | drafts before proposed and at least i asked), the same way
       (prior 1: drafts propose what they are asked unless seen otherwise);
     - ``D(K)`` the draft call's seconds when asked for K and ``T(n)`` the target pass's seconds
-      for n scored tokens, learned from the decoder's timings (per-length means, unobserved
-      lengths priced optimistically, see :class:`_CostCurve`; ``draft_cost`` and
-      ``target_cost`` given instead: a fixed cost model in units of a one-token target pass, as
-      :func:`specverify.law.speedup_curve` takes them; no clock is read).
+      for n scored tokens, learned from the decoder's timings as a *pace* times a *profile*:
+      each time is divided by the machine's current pace before it enters the profile's
+      per-length means (forgotten with ``cost_decay`` per round; unobserved lengths priced
+      optimistically, see :class:`_CostCurve`), and the pace follows the ratio of each target
+      pass to the profile's mean at its length (log-averaged with ``pace_decay`` per pass). Only
+      the profile's ratios enter the choice, so lengths timed at different moments are compared
+      as if timed at one speed. (Why: on a shared machine the speed moves by ±15% from one
+      prompt to the next. Priced from raw per-length means, SmolLM2's 9-token pass looked 1.17×
+      a one-token pass when it cost 1.62×, its samples from a fast minute and the one-token
+      ones from a slow one, and edit_code asked 7-8 where K = 3 was best.) ``pace_decay=1``
+      keeps the pace at 1: raw means. ``draft_cost`` and ``target_cost`` given instead: a fixed
+      cost model in units of a one-token target pass, as :func:`specverify.law.speedup_curve`
+      takes them; no clock is read.
 
     The chosen K maximizes :func:`specverify.law.speedup_curve` with
     ``survival_i = prod_{j<=i} g_j a_j``, ``proposed_i = prod_{j<=i} g_j`` over ``k_min..k_max``
@@ -302,18 +317,22 @@ class AdaptiveK:
 
     def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.95, prior_strength: float = 3.0,
                  decay: float = 0.98, carry: float = 0.0, draft_cost=None, target_cost=None,
-                 explore_every: int = 10, confidence_threshold: Optional[float] = None):
+                 explore_every: int = 10, confidence_threshold: Optional[float] = None,
+                 cost_decay: float = 0.98, pace_decay: float = 0.5):
         if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
             raise ValueError(f"need integers 0 <= k_min <= k_max, k_max >= 1; got k_min={k_min!r}, k_max={k_max!r}")
         if not 0.0 < prior_rate < 1.0 or not prior_strength > 0.0:
             raise ValueError(f"need 0 < prior_rate < 1 and prior_strength > 0, got {prior_rate!r}, {prior_strength!r}")
         if not 0.0 < decay <= 1.0 or not 0.0 <= carry <= 1.0:
             raise ValueError(f"need decay in (0, 1] and carry in [0, 1], got {decay!r}, {carry!r}")
+        if not 0.0 < cost_decay <= 1.0 or not 0.0 <= pace_decay <= 1.0:
+            raise ValueError(f"need cost_decay in (0, 1] and pace_decay in [0, 1], "
+                             f"got {cost_decay!r}, {pace_decay!r}")
         if (draft_cost is None) != (target_cost is None):
             raise ValueError("give both draft_cost and target_cost (a cost model) or neither (measured)")
         self.k_max, self.k_min = int(k_max), int(k_min)
         self.prior_rate, self.prior_strength, self.decay = float(prior_rate), float(prior_strength), float(decay)
-        self.carry = float(carry)
+        self.carry, self.cost_decay, self.pace_decay = float(carry), float(cost_decay), float(pace_decay)
         self.draft_cost, self.target_cost = draft_cost, target_cost
         self.explore_every = int(explore_every)
         self.stop = _stop_rule(confidence_threshold)
@@ -325,10 +344,12 @@ class AdaptiveK:
         self.passed = np.zeros(k)  # [k] ... and accepted it
         self.asked_at = np.zeros(k)  # [k] rounds that asked >= i and proposed everything before i
         self.proposed_at = np.zeros(k)  # [k] ... and proposed i
-        self.draft_fit = _CostCurve(self.decay, k, proportional=True)  # seconds of a draft call vs K asked
-        # seconds of a target pass vs tokens scored; the one-token pass is a matrix-vector product,
-        # of another kind than the longer ones, so only those set the price of unseen lengths
-        self.target_fit = _CostCurve(self.decay, k + 1, floor_from=2, halfway=True)
+        # the cost profiles, in seconds at pace 1: a draft call vs K asked, a target pass vs tokens
+        # scored (the one-token pass is a matrix-vector product, of another kind than the longer
+        # ones, so only those set the price of unseen lengths)
+        self.draft_fit = _CostCurve(self.cost_decay, k, proportional=True)
+        self.target_fit = _CostCurve(self.cost_decay, k + 1, floor_from=2, halfway=True)
+        self.log_pace = 0.0  # log of the machine's pace: a pass takes exp(log_pace) x its profile
         # a tree draft's width: decayed sums of its trees' nodes and depths (proposing rounds only)
         self.tree_nodes = self.tree_depth = 0.0
         self.tree_draft = False  # whether the draft proposes trees (seen from the rounds' records)
@@ -468,9 +489,14 @@ class AdaptiveK:
         self.proposed_at[:reach] += 1.0
         if self.target_cost is None:
             if math.isfinite(r.target_time):
-                self.target_fit.add(m + 1, r.target_time)
+                profile = self.target_fit.mean_at(m + 1)
+                if profile is not None and profile > 0.0 and r.target_time > 0.0:
+                    self.log_pace += (1.0 - self.pace_decay) * (math.log(r.target_time / profile) - self.log_pace)
+            pace = math.exp(self.log_pace)
+            if math.isfinite(r.target_time):
+                self.target_fit.add(m + 1, r.target_time / pace)
             if r.asked > 0 and math.isfinite(r.draft_time):
-                self.draft_fit.add(r.asked, r.draft_time)
+                self.draft_fit.add(r.asked, r.draft_time / pace)
 
     def __repr__(self):
         return f"AdaptiveK(k_max={self.k_max})"
