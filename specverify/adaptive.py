@@ -283,7 +283,7 @@ class AdaptiveK:
       as if timed at one speed. (Why: on a shared machine the speed moves by ±15% from one
       prompt to the next. Priced from raw per-length means, SmolLM2's 9-token pass looked 1.17×
       a one-token pass when it cost 1.62×, its samples from a fast minute and the one-token
-      ones from a slow one, and edit_code asked 7-8 where K = 3 was best.) ``pace_decay=1``
+      ones from a slow one, and edit_code asked K = 8 where K = 3 was best.) ``pace_decay=1``
       keeps the pace at 1: raw means. ``draft_cost`` and ``target_cost`` given instead: a fixed
       cost model in units of a one-token target pass, as :func:`specverify.law.speedup_curve`
       takes them; no clock is read.
@@ -488,13 +488,13 @@ class AdaptiveK:
         self.asked_at[: min(reach + 1, asked)] += 1.0
         self.proposed_at[:reach] += 1.0
         if self.target_cost is None:
-            if math.isfinite(r.target_time):
-                profile = self.target_fit.mean_at(m + 1)
-                if profile is not None and profile > 0.0 and r.target_time > 0.0:
-                    self.log_pace += (1.0 - self.pace_decay) * (math.log(r.target_time / profile) - self.log_pace)
+            t = r.target_time
+            profile = self.target_fit.mean_at(m + 1) if math.isfinite(t) else None  # this length's, if seen
+            if profile is not None and profile > 0.0 and t > 0.0:
+                self.log_pace += (1.0 - self.pace_decay) * (math.log(t / profile) - self.log_pace)
             pace = math.exp(self.log_pace)
-            if math.isfinite(r.target_time):
-                self.target_fit.add(m + 1, r.target_time / pace)
+            if math.isfinite(t):
+                self.target_fit.add(m + 1, t / pace)
             if r.asked > 0 and math.isfinite(r.draft_time):
                 self.draft_fit.add(r.asked, r.draft_time / pace)
 
