@@ -262,29 +262,36 @@ host_runs_level() {
     gcc "$probe.c" -o "$probe" 2>/dev/null && "$probe"
 }
 
+# Build every extension of exts.tsv (setup.py's flags) into <tree> with the host's gcc and
+# -march=<march>: build_host_tree <tree> <march> <log>.  On a failure: the compiler's output on
+# stderr, the extension's name on stdout, status 1.
+build_host_tree() {
+    local tree=$1 march=$2 build_log=$3 name c pyx args so
+    while IFS=$'\t' read -r name c pyx args; do
+        so=$tree/${name//.//}$HOST_EXT
+        # shellcheck disable=SC2086
+        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march="$march" -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" \
+            </dev/null 2>"$build_log" || { cat "$build_log" >&2; echo "$name"; return 1; }
+    done <"$WORK/exts.tsv"
+}
+
 # Step 7 for one x86-64 <level>: the same C built with -march=<level> into its own tree, then the
 # reduced suite and the agreement run on this host.
 x86_level_run() {
     local level=$1 tag="x86-64 build for $1" report=x86-$1 tree=$WORK/x86-$1/tree
-    local name c pyx args so
+    local failed
     if ! host_runs_level "$level"; then
         echo "$tag: skipped, this CPU cannot run it" >"$WORK/report/suite-$report.txt"
         echo "[$tag] skipped, this CPU cannot run it" >"$WORK/report/agree-$report.txt"
         return 0
     fi
     make_tree "$tree"
-    while IFS=$'\t' read -r name c pyx args; do
-        so=$tree/${name//.//}$HOST_EXT
-        # shellcheck disable=SC2086
-        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march="$level" -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" \
-            </dev/null 2>"$WORK/report/build-$report.log" || {
-            cat "$WORK/report/build-$report.log" >&2
-            fail "$tag: build of $name failed"
-            echo "$tag: build failed" >"$WORK/report/suite-$report.txt"
-            echo "[$tag] build failed" >"$WORK/report/agree-$report.txt"
-            return 0
-        }
-    done <"$WORK/exts.tsv"
+    if ! failed=$(build_host_tree "$tree" "$level" "$WORK/report/build-$report.log"); then
+        fail "$tag: build of $failed failed"
+        echo "$tag: build failed" >"$WORK/report/suite-$report.txt"
+        echo "[$tag] build failed" >"$WORK/report/agree-$report.txt"
+        return 0
+    fi
     suite_and_agreement "$tag" "$report" 1 "$tree" "$HOST_EXT" host_py "$tree"
 }
 
@@ -307,12 +314,8 @@ main() {
 
     # x86-64 reference build of the same C (setup.py's flags; -march=native as setup.py's default)
     make_tree "$WORK/x86/tree"
-    while IFS=$'\t' read -r name c pyx args; do
-        so=$WORK/x86/tree/${name//.//}$HOST_EXT
-        # shellcheck disable=SC2086
-        gcc -shared -fPIC -DNDEBUG -fwrapv $args -march=native -I"$HOST_INC" -I"$HOST_NP" "$c" -o "$so" </dev/null \
-            2>"$WORK/x86/build.log" || { cat "$WORK/x86/build.log" >&2; die "x86-64 build of $name failed"; }
-    done <"$WORK/exts.tsv"
+    local failed
+    failed=$(build_host_tree "$WORK/x86/tree" native "$WORK/x86/build.log") || die "x86-64 build of $failed failed"
     log "x86-64 reference build done"
 
     # 4. aarch64 builds + NEON proof
