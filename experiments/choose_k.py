@@ -79,13 +79,18 @@ class Recorder:
     """Wraps a policy and keeps every round's :class:`specverify.adaptive.RoundRecord`."""
 
     def __init__(self, policy):
+        from specverify.decoder import _takes_keyword
+
         self.policy, self.records = policy, []
         self.k_max, self.stop = policy.k_max, policy.stop
+        self._takes_context = _takes_keyword(policy.draft_length, "context")
 
     def begin(self):
         self.policy.begin()
 
-    def draft_length(self, limit):
+    def draft_length(self, limit, context=None):
+        if self._takes_context:
+            return self.policy.draft_length(limit, context=context)
         return self.policy.draft_length(limit)
 
     def observe(self, record):
@@ -118,7 +123,8 @@ def run_one(model, prompt_ids, policy, max_new, eos, clock=time.perf_counter):
     new = out.numel() - prompt_ids.numel()
     return dict(new_tokens=new, seconds=seconds, tokens_per_s=new / seconds, rounds=st.rounds, draft_s=st.draft_time,
                 target_s=st.target_time, verify_s=st.verify_time, loadavg=os.getloadavg()[0],
-                records=json.dumps([[r.asked, r.proposed, r.accepted, r.draft_time, r.target_time]
+                records=json.dumps([[r.asked, r.proposed, r.accepted, r.draft_time, r.target_time,
+                                     NO_CONTEXT if r.context is None else r.context]
                                     for r in rec.records]), _text=out[prompt_ids.numel():].tolist())
 
 
@@ -171,9 +177,19 @@ def compute(params, prompts=None, out_dir=None, log=print):
 # ------------------------------------------------------------------------------------------
 # analysis (from the rows only)
 # ------------------------------------------------------------------------------------------
+NO_CONTEXT = -1  # a recorded round's context when its draft gave none
+
+
 def _records(row):
+    """``[rounds, 6]``: K asked, proposed, accepted, draft and target seconds, and the draft's context
+    (``NO_CONTEXT``; runs recorded before contexts have five columns and are given this sixth)."""
     r = row["records"]
-    return np.asarray(json.loads(r) if isinstance(r, str) else r, dtype=np.float64).reshape(-1, 5)
+    recs = np.asarray(json.loads(r) if isinstance(r, str) else r, dtype=np.float64)
+    if recs.size == 0:
+        return recs.reshape(0, 6)
+    if recs.shape[1] == 5:
+        recs = np.concatenate([recs, np.full((recs.shape[0], 1), float(NO_CONTEXT))], axis=1)
+    return recs
 
 
 def costs(rows):

@@ -19,6 +19,9 @@ repeats of the first run (``--jitter-seeds``), and prints per (set, prompt) the 
 ratio to the best fixed K over the orders: the table a change of policy is judged by. With
 ``--cost-beliefs`` it feeds each run's recorded ``auto`` rounds to the policy and prints how far
 its cost model's ``T(n) / T(1)`` is from the run's medians (:func:`cost_beliefs`).
+``--record-texts FILE`` writes the held-out texts such a ``--texts`` file holds: greedy
+continuations of ``real_model.HELDOUT_PROMPTS``, prompts no policy was tuned on
+(:func:`record_texts`; the model, no run needed).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class CostProfile:
         """Medians (and pools) over the plain and fixed-K runs of a ``choose_k`` run's rows."""
         fixed = [r for r in rows if r["config"] != "auto"]
         t, d, overhead = choose_k.costs(fixed)
-        recs = np.concatenate([choose_k._records(r) for r in fixed])  # [rounds, 5]
+        recs = np.concatenate([choose_k._records(r) for r in fixed])  # [rounds, 6]
         scored, asked = recs[:, 1].astype(int) + 1, recs[:, 0].astype(int)
         target_pool = [recs[scored == n, 4] if np.any(scored == n) else t[n - 1 : n] for n in range(1, t.size + 1)]
         draft_pool = [recs[asked == k, 3] if np.any(asked == k) else d[k - 1 : k] for k in range(1, d.size + 1)]
@@ -64,24 +67,34 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
            draft=None) -> dict:
     """Decode ``text`` (the recorded greedy continuation of ``prompt_ids``) again with ``policy``.
 
-    Each round asks ``policy`` for K as the decoder does (``draft_length(remaining - 1)``, none
-    when one token is left), proposes with prompt lookup, accepts the longest prefix of the
+    Each round asks ``policy`` for K as the decoder does (``draft_length(remaining - 1)``, with
+    the draft's ``context`` of the text so far if the policy takes one; none when one token is
+    left), proposes with prompt lookup, accepts the longest prefix of the
     proposal that agrees with ``text`` and emits it and the next token of ``text``; the round
     costs ``D(K) + T(M + 1) + overhead`` (M proposed), or draws from the recorded times of its
     lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
     ``rounds``, and each round's K ``asked`` and drafts ``accepted``.
     """
     from specverify.adaptive import RoundRecord
+    from specverify.decoder import _takes_keyword
     from specverify.integrations.transformers import PromptLookupDraft
 
     draft = draft or PromptLookupDraft()
+    takes_context = _takes_keyword(policy.draft_length, "context") and callable(getattr(draft, "context", None))
     truth = torch.as_tensor(text, dtype=torch.int64).reshape(-1)  # [new]
     seq = torch.as_tensor(prompt_ids, dtype=torch.int64).reshape(-1)
     pos, seconds, asked, accepted = 0, 0.0, [], []
     policy.begin()
     while pos < truth.numel():
         remaining = max_new - pos
-        k = int(policy.draft_length(remaining - 1)) if remaining > 1 else 0
+        context = None
+        if remaining <= 1:
+            k = 0
+        elif takes_context:
+            context = int(draft.context(seq))
+            k = int(policy.draft_length(remaining - 1, context=context))
+        else:
+            k = int(policy.draft_length(remaining - 1))
         proposal = draft(seq, k)[0] if k > 0 else seq[:0]  # [m]
         m, rest = proposal.numel(), truth[pos:]
         n = 0  # accepted drafts: the proposal's longest prefix that agrees with the text
@@ -94,7 +107,7 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
             d = float(jitter.choice(profile.draft_pool[k - 1])) if k else 0.0
             t = float(jitter.choice(profile.target_pool[m]))
         seconds += d + t + profile.overhead
-        policy.observe(RoundRecord(k, m, n, d, t))
+        policy.observe(RoundRecord(k, m, n, d, t, context=context))
         asked.append(k)
         accepted.append(n)
         seq = torch.cat([seq, rest[:emitted]])
@@ -110,9 +123,11 @@ def fixed_policy(k: int):
 
 def study(make_policy: Callable[[], object], prompts: Dict[str, tuple], profile: CostProfile, max_new: int,
           repeats: int = 1, orders: Optional[Sequence[Sequence[str]]] = None, jitter_seed: Optional[int] = None,
-          ks: Sequence[int] = tuple(choose_k.KS)) -> dict:
+          ks: Sequence[int] = tuple(choose_k.KS), warmup: int = 0) -> dict:
     """The policy from ``make_policy()`` carried through ``repeats`` passes over the prompts in each
-    order (every permutation by default), against plain decoding and every fixed K.
+    order (by default every permutation of up to 4 prompts; of more, their rotations), against
+    plain decoding and every fixed K; with ``warmup``, after that many unmeasured passes (as in a
+    long measured run, where the policy has learned the machine's costs after its first prompts).
 
     ``prompts``: name -> (prompt_ids, text). Returns ``fixed[k][name]`` (tok/s, k = 0 plain),
     ``auto[order_index][name]`` (the mean over repeats) and per prompt ``ratio_best`` /
@@ -122,7 +137,9 @@ def study(make_policy: Callable[[], object], prompts: Dict[str, tuple], profile:
     the mean of ``repeats`` jittered runs, as in a measured run.
     """
     names = list(prompts)
-    orders = list(orders) if orders is not None else list(itertools.permutations(names))
+    if orders is None:
+        orders = itertools.permutations(names) if len(names) <= 4 else (names[i:] + names[:i] for i in range(len(names)))
+    orders = list(orders)
     rng = None if jitter_seed is None else np.random.default_rng(jitter_seed)
 
     def run(policy, name):
@@ -136,6 +153,9 @@ def study(make_policy: Callable[[], object], prompts: Dict[str, tuple], profile:
     autos = []
     for order in orders:
         policy = make_policy()
+        for _ in range(warmup):
+            for name in order:
+                run(policy, name)
         got = {name: [] for name in names}
         for _ in range(repeats):
             for name in order:
@@ -227,12 +247,12 @@ def evidence_sets(results: Sequence, texts: Sequence[str] = (), jitter_seeds: Se
     return sets
 
 
-def evidence_table(make_policy: Callable[[], object], sets: Sequence[EvidenceSet]) -> Dict[tuple, tuple]:
+def evidence_table(make_policy: Callable[[], object], sets: Sequence[EvidenceSet], warmup: int = 0) -> Dict[tuple, tuple]:
     """``(set label, prompt) -> (worst, median)`` of auto / best fixed K over every prompt order, and
     ``(set label, "whole set") -> (worst, median)`` of the set ratio (see :func:`study`)."""
     table = {}
     for e in sets:
-        res = study(make_policy, e.prompts, e.profile, e.max_new, e.repeats, jitter_seed=e.jitter_seed)
+        res = study(make_policy, e.prompts, e.profile, e.max_new, e.repeats, jitter_seed=e.jitter_seed, warmup=warmup)
         for name, ratios in [*res["ratio_best"].items(), ("whole set", res["set_ratio"])]:
             table[(e.label, name)] = (float(min(ratios)), float(np.median(ratios)))
     return table
@@ -270,7 +290,7 @@ def cost_beliefs(make_policy: Callable[[], object], rows, lengths: Sequence[int]
     policy, errors = make_policy(), []
     for row in (r for r in rows if r["config"] == "auto"):
         policy.begin()
-        for asked, proposed, accepted, d, tt in choose_k._records(row):
+        for asked, proposed, accepted, d, tt, _ in choose_k._records(row):
             costs = policy.costs()
             if costs is not None and policy.rounds >= skip_rounds:
                 errors.append(np.log(costs[1][idx] / truth))
@@ -278,6 +298,51 @@ def cost_beliefs(make_policy: Callable[[], object], rows, lengths: Sequence[int]
     e = np.array(errors)  # [rounds, lengths]
     return dict(lengths=list(lengths), rms=np.sqrt((e ** 2).mean(axis=0)).tolist(), bias=e.mean(axis=0).tolist(),
                 rms_long_over_short=float(np.sqrt(((e[:, -1] - e[:, 0]) ** 2).mean())))
+
+
+class ContextWithheld:
+    """``policy`` asked for K without the draft's context (this ``draft_length`` takes none, so the
+    decoder and :func:`replay` pass none): :class:`specverify.adaptive.AdaptiveK` as it was before
+    draft contexts, for ``--evidence --without-context``."""
+
+    def __init__(self, policy):
+        self.policy, self.k_max, self.stop = policy, policy.k_max, policy.stop
+
+    def begin(self):
+        self.policy.begin()
+
+    def draft_length(self, limit):
+        return self.policy.draft_length(limit)
+
+    def observe(self, record):
+        self.policy.observe(record)
+
+
+def record_texts(path, max_new: int = 128, prompts=None, log=print, model=None) -> dict:
+    """Greedy SmolLM2-135M continuations (``max_new`` tokens) of ``prompts`` (default
+    ``real_model.HELDOUT_PROMPTS``), written to ``path`` as JSON ``name -> {ids, text}``: the
+    ``--texts`` input, replayed with a recorded run's costs. ``model``: a loaded ``(model,
+    tokenizer)`` used as it is; by default SmolLM2 is loaded as ``choose_k`` runs it (switched
+    linear layers, one thread)."""
+    from . import real_model
+
+    if model is None:
+        from specverify.integrations import smollm2
+        from specverify.integrations.transformers import use_fast_linears
+
+        torch.set_num_threads(1)
+        model = smollm2.load(log=log)
+        use_fast_linears(model[0])
+    model, tokenizer = model
+    ids = real_model.chat_ids(tokenizer, prompts or real_model.HELDOUT_PROMPTS)
+    texts = {}
+    for name, prompt_ids in ids.items():
+        row = choose_k.run_one(model, prompt_ids, choose_k.PlainDecoding(), max_new, tokenizer.eos_token_id)
+        texts[name] = dict(ids=prompt_ids.tolist(), text=row["_text"])
+        log(f"{name:12s} {len(row['_text'])} tokens")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(texts))
+    return texts
 
 
 def main(argv=None):
@@ -289,10 +354,20 @@ def main(argv=None):
                     "--jitter-seeds (see evidence_sets)")
     ap.add_argument("--texts", nargs="*", default=[], help="FILE:N1,N2 longer texts replayed with the first run's costs")
     ap.add_argument("--jitter-seeds", nargs="*", type=int, default=[])
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="--evidence: unmeasured passes over the prompts in each order first (costs learned)")
+    ap.add_argument("--without-context", action="store_true",
+                    help="--evidence: also the policy asked without the draft's context, side by side")
     ap.add_argument("--cost-beliefs", action="store_true",
                     help="the policy's T(n)/T(1) along each run's recorded auto rounds against the run's medians, "
                          "with the pace and without it (pace_decay=1)")
+    ap.add_argument("--record-texts", metavar="FILE", default=None,
+                    help="record greedy continuations of real_model.HELDOUT_PROMPTS to FILE (for --texts) and stop")
+    ap.add_argument("--max-new", type=int, default=128, help="tokens per text for --record-texts")
     args = ap.parse_args(argv)
+    if args.record_texts:
+        record_texts(args.record_texts, args.max_new)
+        return
     if args.cost_beliefs:
         from specverify.adaptive import AdaptiveK
 
@@ -308,7 +383,10 @@ def main(argv=None):
     if args.evidence:
         sets = evidence_sets(args.results, args.texts, args.jitter_seeds)
         decay = choose_k.load(args.results[0])[1]["params"]["decay"]
-        print("\n".join(table_lines({"auto": evidence_table(lambda: choose_k.auto_policy(decay), sets)})))
+        policies = {"auto": lambda: choose_k.auto_policy(decay)}
+        if args.without_context:
+            policies["without context"] = lambda: ContextWithheld(choose_k.auto_policy(decay))
+        print("\n".join(table_lines({name: evidence_table(make, sets, args.warmup) for name, make in policies.items()})))
         return
     rows, summary = choose_k.load(args.results[0])
     profile = CostProfile.from_rows(rows)

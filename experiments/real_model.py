@@ -82,6 +82,24 @@ PROMPTS = {
     ),
     "open": "Write a short story about a robot who learns to paint.",
 }
+# Prompts no draft-length policy was tuned on: the held-out texts of ``experiments.k_replay
+# --record-texts`` (summaries, formats, copies, open text), against which a policy change tuned on
+# PROMPTS is checked.
+HELDOUT_PROMPTS = {
+    "summarize": "Summarize in two sentences: The city council met on Tuesday to discuss the new bike lanes. "
+                 "Residents who spoke were split: shop owners feared losing parking, while parents said the lanes "
+                 "would make the school run safer. The council voted to build a trial lane on Main Street for six months.",
+    "json": "Convert to JSON with keys name, age and city: Alice is 31 and lives in Paris. Bob is 45 and lives in Rome. "
+            "Carol is 27 and lives in Oslo.",
+    "list_caps": "Rewrite this list with every item capitalized, one per line:\napples\nbananas\ncherries\ndates\n"
+                 "elderberries\nfigs\ngrapes",
+    "translate": "Translate to French: The cat sleeps on the warm windowsill every afternoon.",
+    "qa": "What is the capital of Australia, and why was it chosen?",
+    "code_doc": "Add a docstring to this function and show the whole function:\n```python\ndef clamp(x, lo, hi):\n"
+                "    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n```",
+    "email": "Write a short email to a colleague asking to move our meeting from Monday to Wednesday.",
+    "quote": "Quote this sentence back and then explain it: 'The only way to do great work is to love what you do.'",
+}
 LONG_CODE = '''import csv
 from collections import defaultdict
 from pathlib import Path

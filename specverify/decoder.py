@@ -151,8 +151,12 @@ class SpeculativeDecoder:
         ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
         ``stop(i, confidence) -> bool`` and should stop after token ``i`` when it says so;
         otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
-        ``probs`` is a point mass, confidence 1). Policies that only see the draft side and
-        past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
+        ``probs`` is a point mass, confidence 1). A ``draft_step`` with a ``context(prefix)``
+        method (:class:`~specverify.integrations.transformers.PromptLookupDraft`: its match
+        order) gives each round's context, before drafting, to a policy whose ``draft_length``
+        takes a ``context`` keyword; the round's :class:`~specverify.adaptive.RoundRecord`
+        carries it. Policies that only see the draft side and past rounds keep verification
+        exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
         as ``method`` says.
@@ -203,6 +207,7 @@ class SpeculativeDecoder:
         self.target_step = target_step
         self.k = int(k.k_max)
         self._draft_takes_stop = _takes_keyword(draft_step, "stop")
+        self._policy_takes_context = _takes_keyword(k.draft_length, "context")
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
@@ -234,6 +239,17 @@ class SpeculativeDecoder:
             j = confidence_cut(stop, probs, tokens)
             tokens, probs = tokens[:j], probs[:j]
         return tokens, probs
+
+    def _context(self, prefix: torch.Tensor) -> Optional[int]:
+        """The draft's context of ``prefix`` (``draft_step.context(prefix)``, an integer; ``None``
+        for a draft without one)."""
+        context_of = getattr(self.draft_step, "context", None)
+        if not callable(context_of):
+            return None
+        c = context_of(prefix)
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+            raise TypeError(f"draft_step.context must return an int, got {c!r}")
+        return int(c)
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
@@ -279,7 +295,14 @@ class SpeculativeDecoder:
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
-            asked = m = int(self.policy.draft_length(remaining - 1)) if remaining > 1 else 0
+            context = None  # the draft's context of the prefix, for a policy that takes one
+            if remaining <= 1:
+                asked = m = 0
+            elif self._policy_takes_context:
+                context = self._context(buf[:n].clone())
+                asked = m = int(self.policy.draft_length(remaining - 1, context=context))
+            else:
+                asked = m = int(self.policy.draft_length(remaining - 1))
             if not 0 <= m < remaining:
                 raise ValueError(f"policy {self.policy!r} asked for {m} draft tokens, allowed 0..{remaining - 1}")
             prefix = buf[:n]  # each callback gets its own copy: writing to it changes no output
@@ -345,7 +368,7 @@ class SpeculativeDecoder:
             stats.accepted.append(int(n_acc))
             stats.emitted.append(len(new))
             stats.asked.append(asked)
-            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth))
+            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth, context))
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()

@@ -326,6 +326,118 @@ def test_policy_arguments_are_checked():
 
 
 # ------------------------------------------------------------------------------------------
+# draft contexts
+# ------------------------------------------------------------------------------------------
+def contextual_rounds(policy, rates_by_context, rounds, rng, tell=True):
+    """Feed ``policy`` rounds in contexts drawn uniformly from ``rates_by_context``
+    (context -> per-position rates), each asked with its context and recorded with it (with
+    ``tell=False``: asked and recorded with none)."""
+    contexts = sorted(rates_by_context)
+    for _ in range(rounds):
+        c = contexts[rng.integers(len(contexts))]
+        rates = rates_by_context[c]
+        told = c if tell else None
+        k = policy.draft_length(len(rates), context=told)
+        n = 0
+        while n < k and rng.random() < rates[n]:
+            n += 1
+        policy.observe(RoundRecord(k, k, n, float("nan"), float("nan"), context=told))
+
+
+def test_adaptive_k_learns_the_first_drafts_rate_per_context():
+    """Prompt lookup's situation: after a long match the first draft is mostly right, after a
+    single token mostly wrong, and a right start goes on either way. Per context, the policy asks
+    for no draft where the first one fails (a multi-token pass does not pay) and for long drafts
+    where it holds; pooled, one K for both."""
+    cost = dict(draft_cost=0.01, target_cost=lambda n: 1.0 if n == 1 else 1.3 + 0.02 * n)
+    later = [0.9] * 7
+    by_context = {1: [0.05, *later], 3: [0.95, *later]}
+    policy = AdaptiveK(k_max=8, decay=0.99, explore_every=0, **cost)
+    contextual_rounds(policy, by_context, 3000, np.random.default_rng(0))
+    assert policy.draft_length(8, context=1) == 0
+    assert policy.draft_length(8, context=3) >= 6
+    for c, rates in by_context.items():  # the choice is the law's optimum for the context's rates
+        f = [law.speedup(rates[:k], cost["draft_cost"], cost["target_cost"]) if k else 1.0 for k in range(9)]
+        assert policy.draft_length(8, context=c) == int(np.argmax(f))
+    assert set(policy.context_counts) == {1, 3}
+    pooled = AdaptiveK(k_max=8, decay=0.99, explore_every=0, **cost)  # the same rounds, no context told
+    contextual_rounds(pooled, by_context, 3000, np.random.default_rng(0), tell=False)
+    assert pooled.draft_length(8) > 0 and not pooled.context_counts
+
+
+def test_context_counts_are_forgotten_like_the_others():
+    """A context's counts decay by ``decay`` per round, also over the rounds it was absent
+    (lazily), and a new sequence scales them by ``carry`` like the pooled counts."""
+    policy = AdaptiveK(k_max=4, decay=0.9, carry=0.5, draft_cost=0.1, target_cost=lambda n: 1.0)
+    policy.observe(RoundRecord(4, 4, 2, float("nan"), float("nan"), context=7))
+    for _ in range(5):
+        policy.observe(RoundRecord(4, 4, 0, float("nan"), float("nan"), context=2))
+    np.testing.assert_allclose(policy._context_counts(7)[1:], np.array([1, 1, 1, 1]) * 0.9**5)
+    np.testing.assert_allclose(policy.tried[0], sum(0.9**i for i in range(6)))
+    policy.begin()
+    np.testing.assert_allclose(policy._context_counts(7)[1:], np.array([1, 1, 1, 1]) * 0.5 * 0.9**5)
+    with pytest.raises(ValueError, match="context_weight"):
+        AdaptiveK(context_weight=0.0)
+
+
+class ContextSeeing(FixedK):
+    """K from the context: none in context 0, ``k`` otherwise; records what it was given."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.asked_with, self.records = [], []
+
+    def draft_length(self, limit, context=None):
+        self.asked_with.append(context)
+        return 0 if context == 0 else min(self.k_max, limit)
+
+    def observe(self, record):
+        self.records.append(record)
+
+
+def test_decoder_gives_the_drafts_context_to_policies_that_take_it():
+    from specverify.integrations.transformers import PromptLookupDraft
+
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    prefixes = []
+
+    class WithContext:
+        def __call__(self, prefix, k):
+            return d(prefix, k)
+
+        def context(self, prefix):
+            prefixes.append(prefix.tolist())
+            return prefix.numel() % 3
+
+    policy = ContextSeeing(3)
+    out = sv.SpeculativeDecoder(WithContext(), t, k=policy).generate([1], max_new=30)
+    assert out[1:].tolist() == target.greedy([1], 30)
+    assert policy.asked_with == [len(p) % 3 for p in prefixes] and len(set(policy.asked_with)) == 3
+    # every round records the context it was asked with; one that asked nothing (one token left) None
+    asked_rounds = [r.context for r in policy.records if r.context is not None]
+    assert asked_rounds == policy.asked_with and len(policy.records) - len(asked_rounds) <= 1
+    assert all(r.asked == 0 for r in policy.records if r.context == 0)
+    plain = ContextSeeing(3)  # a draft without contexts: the policy is asked with None, records None
+    sv.SpeculativeDecoder(d, t, k=plain).generate([1], max_new=10)
+    assert set(plain.asked_with) == {None} and all(r.context is None for r in plain.records)
+    n_before = len(prefixes)  # a policy that takes no context: the draft's context is never computed
+    sv.SpeculativeDecoder(WithContext(), t, k=FixedK(3)).generate([1], max_new=10)
+    assert len(prefixes) == n_before
+
+    class BadContext(WithContext):
+        def context(self, prefix):
+            return 1.5
+
+    with pytest.raises(TypeError, match="draft_step.context must return an int"):
+        sv.SpeculativeDecoder(BadContext(), t, k=ContextSeeing(3)).generate([1], max_new=10)
+    lookup = PromptLookupDraft()
+    assert lookup.context(torch.tensor([5, 6, 7, 5, 6, 7])) == 3
+    assert lookup.context(torch.tensor([5, 6, 9, 4, 6])) == 1
+    assert lookup.context(torch.tensor([5, 6, 9])) == 0 and lookup(torch.tensor([5, 6, 9]), 4)[0].numel() == 0
+
+
+# ------------------------------------------------------------------------------------------
 # the confidence stop
 # ------------------------------------------------------------------------------------------
 def test_confidences_and_cut():
@@ -426,12 +538,39 @@ class DropsLowConfidence(PolicyDecoder):
         return tokens[:j], probs[:j]
 
 
+class ContextDecoder(PolicyDecoder):
+    """The adaptive K told a draft context of the prefix alone (its last token), so that the first
+    draft's rate is learned per context and K moves with it."""
+
+    def _context(self, prefix):
+        return int(prefix[-1])
+
+
+class ContextSeesTheDraw(PolicyDecoder):
+    """Broken: a context computed from the round's drawn first draft token (its draft confidence),
+    with a policy that drafts nothing in the low-confidence context. The draw is thrown away when
+    it looks poor: the proposals verified are ``q`` conditioned on looking good, not ``q``."""
+
+    make_policy = staticmethod(lambda: ContextSeeing(3))
+
+    def _context(self, prefix):
+        self._drawn = self.draft_step(prefix, 3)
+        tokens, probs = self._drawn
+        return int(draft_confidences(probs[:1], tokens[:1])[0] >= 0.4)
+
+    def _draft(self, prefix, m):
+        tokens, probs = self._drawn
+        return tokens[:m], probs[:m]
+
+
 LAW_CASES = [(4, 3, 3000), (3, 5, 3000)]  # (vocab, length, runs)
 
 
 @pytest.mark.parametrize("cls,method", [(PolicyDecoder, "token"), (AdaptiveStopDecoder, "token"),
-                                        (ConfidenceStopDecoder, "token"), (AdaptiveStopDecoder, "block")],
-                         ids=["adaptive_k", "adaptive_k+stop", "confidence_stop", "block+adaptive_k+stop"])
+                                        (ConfidenceStopDecoder, "token"), (AdaptiveStopDecoder, "block"),
+                                        (ContextDecoder, "token")],
+                         ids=["adaptive_k", "adaptive_k+stop", "confidence_stop", "block+adaptive_k+stop",
+                              "adaptive_k+context"])
 @pytest.mark.parametrize("vocab,length,runs", LAW_CASES)
 def test_policies_preserve_joint_law(cls, method, vocab, length, runs):
     res, rounds_per_run = continuation_test(cls, vocab=vocab, length=length, k=None, runs=runs, seed=7,
@@ -453,11 +592,25 @@ def test_adaptive_k_and_the_stop_really_vary_the_rounds():
             drafted += [(a, m) for a, m in zip(dec.stats.asked, dec.stats.drafted)]
     assert len(set(asked)) >= 3  # the adaptive K took several values away from the max_new boundary
     assert any(m < a for a, m in drafted)  # the stop cut proposals
+    by_context = {}  # the context decoder: K by the context it was asked in (the last token)
+    target, draft = bigram_pair(7, 3)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(0))
+    dec = ContextDecoder(d, t, k=None, greedy=False, generator=np.random.default_rng(1))
+    for _ in range(50):
+        out = dec.generate(torch.tensor([1, 2]), max_new=12).tolist()
+        pos = 2
+        for asked, emitted in zip(dec.stats.asked, dec.stats.emitted):
+            if 12 - (pos - 2) > 4:  # away from the max_new boundary
+                by_context.setdefault(out[pos - 1], []).append(asked)
+            pos += emitted
+    means = [np.mean(v) for v in by_context.values()]
+    assert len(means) >= 2 and max(means) - min(means) > 0.5  # the contexts moved K
 
 
-@pytest.mark.parametrize("broken", [PeeksAtTarget, DropsLowConfidence])
+@pytest.mark.parametrize("broken", [PeeksAtTarget, DropsLowConfidence, ContextSeesTheDraw])
 def test_law_test_rejects_broken_stop_rules(broken):
-    """Power: the same test, sizes and seed reject a stop that sees the target, or drops its token."""
+    """Power: the same test, sizes and seed reject a stop that sees the target, or drops its token,
+    and a draft context that sees the round's own draw."""
     res, _ = continuation_test(broken, vocab=4, length=3, k=None, runs=3000, seed=7)
     assert res.pvalue < ALPHA, res
 
@@ -603,6 +756,7 @@ def test_replay_makes_the_decoders_rounds():
     """The replay's rounds (K asked, drafts accepted) are those of the decoder on a greedy target
     that emits the recorded text, for a fixed K and for AdaptiveK (given a cost model, so that its
     choices do not depend on timings)."""
+    from experiments import k_replay
     from experiments.k_replay import replay
     from specverify.integrations.transformers import PromptLookupDraft
 
@@ -615,17 +769,22 @@ def test_replay_makes_the_decoders_rounds():
         rows[torch.arange(tokens.numel() + 1), text[pos : pos + tokens.numel() + 1]] = 1.0
         return rows
 
-    def draft_step(prefix, k):
-        return PromptLookupDraft()(prefix, k)
-
     make = [lambda: FixedK(3), lambda: AdaptiveK(k_max=8, draft_cost=0.004, target_cost=lambda n: 1 + 0.1 * (n > 1))]
-    for make_policy in make:
-        dec = sv.SpeculativeDecoder(draft_step, target_step, k=make_policy(), greedy=True, eos_token_id=0)
+    for make_policy in make:  # AdaptiveK takes the draft's context (its match order) in both
+        dec = sv.SpeculativeDecoder(PromptLookupDraft(), target_step, k=make_policy(), greedy=True, eos_token_id=0)
         out = dec.generate(prompt, 64)
         assert out[prompt.numel():].tolist() == REPLAY_TEXT
         res = replay(make_policy(), REPLAY_PROMPT, REPLAY_TEXT, replay_profile(), 64)
         assert res["asked"] == dec.stats.asked and res["accepted"] == dec.stats.accepted
         assert max(res["accepted"]) >= 3  # the text has copies for prompt lookup to find
+        if isinstance(dec.policy, AdaptiveK):  # the rounds came in several match orders
+            assert len(dec.policy.context_counts) >= 3
+    # withheld, the context reaches neither: the replay is the decoder's with a draft that has none
+    withheld = replay(k_replay.ContextWithheld(make[1]()), REPLAY_PROMPT, REPLAY_TEXT, replay_profile(), 64)
+    dec = sv.SpeculativeDecoder(lambda prefix, k: PromptLookupDraft()(prefix, k), target_step, k=make[1](),
+                                greedy=True, eos_token_id=0)
+    dec.generate(prompt, 64)
+    assert withheld["asked"] == dec.stats.asked and not dec.policy.context_counts
 
 
 def test_replay_study_over_prompt_orders():
@@ -646,6 +805,14 @@ def test_replay_study_over_prompt_orders():
         [np.array([d]) for d in profile.draft]), 64, orders=[["a", "b"]], jitter_seed=0)
     assert jittered["fixed"][0]["a"] < res["fixed"][0]["a"]  # passes drawn from pools costing t or 2t
     assert "whole set" in k_replay.summary_lines(res)[-1]
+    learning = lambda: AdaptiveK(k_max=8, k_min=0)  # noqa: E731  its costs from the replay's timings
+    one, two = (k_replay.study(learning, prompts, profile, 64, repeats=r, orders=[["a", "b"]]) for r in (1, 2))
+    warm = k_replay.study(learning, prompts, profile, 64, orders=[["a", "b"]], warmup=1)
+    for name in prompts:  # after one unmeasured pass: the second of two passes
+        assert warm["auto"][0][name] == pytest.approx(2 * two["auto"][0][name] - one["auto"][0][name], rel=1e-12)
+    many = {name: prompts["b"] for name in "abcde"}  # beyond 4 prompts: their rotations, not 120 orders
+    rotated = k_replay.study(lambda: FixedK(2), many, profile, 64)
+    assert rotated["orders"] == [list("abcde"), list("bcdea"), list("cdeab"), list("deabc"), list("eabcd")]
 
 
 def test_replay_labels_runs_by_the_shortest_path_tail_they_do_not_share():

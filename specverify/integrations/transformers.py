@@ -499,6 +499,14 @@ class PromptLookupDraft:
         self.min_ngram = int(min_ngram)
         self.matched = 0
 
+    def context(self, prefix: torch.Tensor) -> int:
+        """The order ``n`` of the match the next proposal copies from (0: none, nothing proposed),
+        known from the prefix alone: the draft-side context :class:`specverify.adaptive.AdaptiveK`
+        estimates the first draft's rates by. A longer match is a better one: on SmolLM2-135M's
+        greedy texts the first token copied after a 3-gram match was right 68-89% of the time,
+        after a single token 13-23%."""
+        return longest_match(_as_tokens(prefix), self.max_ngram, self.min_ngram)[0]
+
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """Up to ``k`` tokens that followed the earliest earlier match of ``seq``'s last n-gram."""
         n, hits = longest_match(seq, self.max_ngram, self.min_ngram)
