@@ -21,7 +21,7 @@ ratio to the best fixed K over the orders: the table a change of policy is judge
 its cost model's ``T(n) / T(1)`` is from the run's medians (:func:`cost_beliefs`).
 ``--record-texts FILE`` writes the held-out texts such a ``--texts`` file holds: greedy
 continuations of ``real_model.HELDOUT_PROMPTS``, prompts no policy was tuned on
-(:func:`record_texts`; the model, no run needed).
+(:func:`record_texts`: it needs the model, not a recorded run).
 """
 
 from __future__ import annotations

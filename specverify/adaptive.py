@@ -310,16 +310,22 @@ class AdaptiveK:
     Draft contexts: when the decoder passes ``draft_length(limit, context=c)`` (the draft's
     ``context(prefix)``, an integer known before drafting), position 1's ``a_1`` and ``g_1`` are
     estimated per context: the context's own counts (decayed like the others) plus
-    ``context_weight`` pseudo-rounds at the pooled estimate above. Why: prompt lookup's context is
-    the order of the n-gram match its proposal copies from, and on SmolLM2's greedy texts a
-    proposal found by a 3-gram match had its first token right 68-89% of the time, one found by a
-    single token 13-23% (``PromptLookupDraft.context``). Pooled, those rounds share one rate and
-    every proposal is priced alike, so the policy pays a multi-token pass for proposals that are
-    mostly wrong or asks too little of the good ones. Only position 1: later positions ask
-    whether a right start goes on, which the match order says little about (estimated per
-    context at every position, the worst replayed prompt fell from 0.89 to 0.80 of the best
-    fixed K). The context is a function of the prefix, so verification stays exact (module
-    docstring).
+    ``context_weight`` pseudo-rounds at a target, the pooled estimate above raised to the
+    context's *record* (its counts over all sequences so far, kept across :meth:`begin`,
+    forgotten with ``context_memory`` per round, shrunk to the pooled estimate with
+    ``context_weight``). Why contexts: prompt lookup's context is the order of the n-gram match
+    its proposal copies from, and on SmolLM2's greedy texts a proposal found by a 3-gram match
+    had its first token right 68-89% of the time, one found by a single token 13-23%
+    (``PromptLookupDraft.context``). Pooled, those rounds share one rate and every proposal is
+    priced alike, so the policy pays a multi-token pass for proposals that are mostly wrong or
+    asks too little of the good ones. Why the record: pulled to the pooled rate alone, a context
+    a sequence meets late (a 3-gram match first seen after dozens of rejected proposals) started
+    near 0, was asked K = 0 and was never observed again (qa's greedy answer, repetitive after
+    100 tokens: 0.90 of the best fixed K in the replay, 0.98 before contexts, 1.00 with the
+    record). Only position 1: later positions ask whether a right start goes on, which the match
+    order says little about (estimated per context at every position, the worst replayed prompt
+    fell from 0.89 to 0.80 of the best fixed K). The context is a function of the prefix, so
+    verification stays exact (module docstring).
 
     Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
@@ -337,7 +343,8 @@ class AdaptiveK:
     def __init__(self, k_max: int = 8, k_min: int = 0, *, prior_rate: float = 0.95, prior_strength: float = 3.0,
                  decay: float = 0.98, carry: float = 0.0, draft_cost=None, target_cost=None,
                  explore_every: int = 10, confidence_threshold: Optional[float] = None,
-                 cost_decay: float = 0.98, pace_decay: float = 0.5, context_weight: float = 1.0):
+                 cost_decay: float = 0.98, pace_decay: float = 0.5, context_weight: float = 1.0,
+                 context_memory: float = 0.999):
         if int(k_max) != k_max or k_max < 1 or int(k_min) != k_min or not 0 <= k_min <= k_max:
             raise ValueError(f"need integers 0 <= k_min <= k_max, k_max >= 1; got k_min={k_min!r}, k_max={k_max!r}")
         if not 0.0 < prior_rate < 1.0 or not prior_strength > 0.0:
@@ -347,14 +354,15 @@ class AdaptiveK:
         if not 0.0 < cost_decay <= 1.0 or not 0.0 <= pace_decay <= 1.0:
             raise ValueError(f"need cost_decay in (0, 1] and pace_decay in [0, 1], "
                              f"got {cost_decay!r}, {pace_decay!r}")
-        if not context_weight > 0.0:
-            raise ValueError(f"need context_weight > 0, got {context_weight!r}")
+        if not context_weight > 0.0 or not 0.0 < context_memory <= 1.0:
+            raise ValueError(f"need context_weight > 0 and context_memory in (0, 1], "
+                             f"got {context_weight!r}, {context_memory!r}")
         if (draft_cost is None) != (target_cost is None):
             raise ValueError("give both draft_cost and target_cost (a cost model) or neither (measured)")
         self.k_max, self.k_min = int(k_max), int(k_min)
         self.prior_rate, self.prior_strength, self.decay = float(prior_rate), float(prior_strength), float(decay)
         self.carry, self.cost_decay, self.pace_decay = float(carry), float(cost_decay), float(pace_decay)
-        self.context_weight = float(context_weight)
+        self.context_weight, self.context_memory = float(context_weight), float(context_memory)
         self.draft_cost, self.target_cost = draft_cost, target_cost
         self.explore_every = int(explore_every)
         self.stop = _stop_rule(confidence_threshold)
@@ -367,8 +375,10 @@ class AdaptiveK:
         self.asked_at = np.zeros(k)  # [k] rounds that asked >= i and proposed everything before i
         self.proposed_at = np.zeros(k)  # [k] ... and proposed i
         # per draft context, position 1's counts as the four above: [tried, passed, asked, proposed],
-        # with the round they were last brought up to date (decayed lazily: contexts may be many)
+        # with the round they were last brought up to date (decayed lazily: contexts may be many);
+        # in this sequence, and over every sequence (the context's record)
         self.context_counts = {}  # context -> [round, tried, passed, asked, proposed]
+        self.context_record = {}  # the same, kept across sequences, forgotten with context_memory
         # the cost profiles, in seconds at pace 1: a draft call vs K asked, a target pass vs tokens
         # scored (the one-token pass is a matrix-vector product, of another kind than the longer
         # ones, so only those set the price of unseen lengths)
@@ -449,11 +459,13 @@ class AdaptiveK:
     def _counts(self):
         return self.tried, self.passed, self.asked_at, self.proposed_at
 
-    def _context_counts(self, context):
-        """``[tried, passed, asked, proposed]`` at position 1 in ``context``, decayed to this round."""
-        counts = self.context_counts.setdefault(context, [self.rounds, 0.0, 0.0, 0.0, 0.0])
+    def _context_counts(self, context, record=False):
+        """``[round, tried, passed, asked, proposed]`` at position 1 in ``context``, decayed to this
+        round: in this sequence, or (``record``) over all sequences."""
+        table, decay = (self.context_record, self.context_memory) if record else (self.context_counts, self.decay)
+        counts = table.setdefault(context, [self.rounds, 0.0, 0.0, 0.0, 0.0])
         if counts[0] != self.rounds:
-            f = self.decay ** (self.rounds - counts[0])
+            f = decay ** (self.rounds - counts[0])
             counts[:] = [self.rounds, *(v * f for v in counts[1:])]
         return counts
 
@@ -465,11 +477,15 @@ class AdaptiveK:
         d, t = costs
         g = self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
         a = self._posterior(self.passed, self.tried, self.prior_rate)
-        if context is not None:  # position 1 in this context: its counts, shrunk to the pooled rates
+        if context is not None:  # position 1 in this context: its counts, shrunk to the pooled
+            # rates raised to the context's record
             _, tried, passed, asked, proposed_1 = self._context_counts(context)
+            _, r_tried, r_passed, r_asked, r_proposed = self._context_counts(context, record=True)
             w = self.context_weight
-            a[0] = (passed + w * a[0]) / (tried + w)
-            g[0] = (proposed_1 + w * g[0]) / (asked + w)
+            a_target = max(a[0], (r_passed + w * a[0]) / (r_tried + w))
+            g_target = max(g[0], (r_proposed + w * g[0]) / (r_asked + w))
+            a[0] = (passed + w * a_target) / (tried + w)
+            g[0] = (proposed_1 + w * g_target) / (asked + w)
         proposed, survival = [], []  # [k_max] prod_{j<=i} g_j and prod_{j<=i} g_j a_j
         p = q = 1.0
         for g_i, a_i in zip(g, a):
@@ -528,11 +544,11 @@ class AdaptiveK:
         self.asked_at[: min(reach + 1, asked)] += 1.0
         self.proposed_at[:reach] += 1.0
         if r.context is not None:
-            counts = self._context_counts(r.context)
-            counts[1] += reach > 0
-            counts[2] += n > 0
-            counts[3] += asked > 0
-            counts[4] += reach > 0
+            for counts in (self._context_counts(r.context), self._context_counts(r.context, record=True)):
+                counts[1] += reach > 0
+                counts[2] += n > 0
+                counts[3] += asked > 0
+                counts[4] += reach > 0
         if self.target_cost is None:
             t = r.target_time
             profile = self.target_fit.mean_at(m + 1) if math.isfinite(t) else None  # this length's, if seen

@@ -367,17 +367,40 @@ def test_adaptive_k_learns_the_first_drafts_rate_per_context():
 
 def test_context_counts_are_forgotten_like_the_others():
     """A context's counts decay by ``decay`` per round, also over the rounds it was absent
-    (lazily), and a new sequence scales them by ``carry`` like the pooled counts."""
-    policy = AdaptiveK(k_max=4, decay=0.9, carry=0.5, draft_cost=0.1, target_cost=lambda n: 1.0)
+    (lazily), and a new sequence scales them by ``carry`` like the pooled counts; its record
+    decays by ``context_memory`` and is kept across sequences."""
+    policy = AdaptiveK(k_max=4, decay=0.9, carry=0.5, context_memory=0.99, draft_cost=0.1, target_cost=lambda n: 1.0)
     policy.observe(RoundRecord(4, 4, 2, float("nan"), float("nan"), context=7))
     for _ in range(5):
         policy.observe(RoundRecord(4, 4, 0, float("nan"), float("nan"), context=2))
     np.testing.assert_allclose(policy._context_counts(7)[1:], np.array([1, 1, 1, 1]) * 0.9**5)
+    np.testing.assert_allclose(policy._context_counts(7, record=True)[1:], np.array([1, 1, 1, 1]) * 0.99**5)
     np.testing.assert_allclose(policy.tried[0], sum(0.9**i for i in range(6)))
     policy.begin()
     np.testing.assert_allclose(policy._context_counts(7)[1:], np.array([1, 1, 1, 1]) * 0.5 * 0.9**5)
+    np.testing.assert_allclose(policy._context_counts(7, record=True)[1:], np.array([1, 1, 1, 1]) * 0.99**5)
     with pytest.raises(ValueError, match="context_weight"):
         AdaptiveK(context_weight=0.0)
+    with pytest.raises(ValueError, match="context_memory"):
+        AdaptiveK(context_memory=1.5)
+
+
+def test_a_context_met_late_starts_from_its_record_over_past_sequences():
+    """A sequence whose proposals have all failed so far (pooled first-draft rate near 0) meets a
+    context for the first time; one that held in past sequences is still asked for drafts, so its
+    rounds are observed. Without a record (a fresh policy) it starts at the pooled rate: K = 0."""
+    cost = dict(draft_cost=0.01, target_cost=lambda n: 1.0 if n == 1 else 1.3 + 0.02 * n, explore_every=0)
+    later = [0.9] * 7
+    seasoned, fresh = AdaptiveK(k_max=8, **cost), AdaptiveK(k_max=8, **cost)
+    contextual_rounds(seasoned, {3: [0.95, *later]}, 200, np.random.default_rng(0))  # a past sequence
+    for policy in (seasoned, fresh):
+        policy.begin()
+        for _ in range(40):  # the sequence so far: single-token matches, every proposal rejected
+            policy.observe(RoundRecord(4, 4, 0, float("nan"), float("nan"), context=1))
+    assert seasoned.rates()[0] < 0.1 and fresh.rates()[0] < 0.1
+    assert fresh.draft_length(8, context=3) == 0
+    assert seasoned.draft_length(8, context=3) >= 1
+    assert seasoned.draft_length(8, context=1) == 0  # the failing context keeps its own counts
 
 
 class ContextSeeing(FixedK):
