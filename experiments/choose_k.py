@@ -79,11 +79,11 @@ class Recorder:
     """Wraps a policy and keeps every round's :class:`specverify.adaptive.RoundRecord`."""
 
     def __init__(self, policy):
-        from specverify.decoder import _takes_keyword
+        from specverify.adaptive import takes_keyword
 
         self.policy, self.records = policy, []
         self.k_max, self.stop = policy.k_max, policy.stop
-        self._takes_context = _takes_keyword(policy.draft_length, "context")
+        self._takes_context = takes_keyword(policy.draft_length, "context")
 
     def begin(self):
         self.policy.begin()

@@ -75,26 +75,20 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
     lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
     ``rounds``, and each round's K ``asked`` and drafts ``accepted``.
     """
-    from specverify.adaptive import RoundRecord
-    from specverify.decoder import _takes_keyword
+    from specverify.adaptive import RoundRecord, ask_policy, takes_keyword
     from specverify.integrations.transformers import PromptLookupDraft
 
     draft = draft or PromptLookupDraft()
-    takes_context = _takes_keyword(policy.draft_length, "context") and callable(getattr(draft, "context", None))
+    takes_context = takes_keyword(policy.draft_length, "context")
+    draft_context = getattr(draft, "context", None)
     truth = torch.as_tensor(text, dtype=torch.int64).reshape(-1)  # [new]
     seq = torch.as_tensor(prompt_ids, dtype=torch.int64).reshape(-1)
     pos, seconds, asked, accepted = 0, 0.0, [], []
     policy.begin()
     while pos < truth.numel():
         remaining = max_new - pos
-        context = None
-        if remaining <= 1:
-            k = 0
-        elif takes_context:
-            context = int(draft.context(seq))
-            k = int(policy.draft_length(remaining - 1, context=context))
-        else:
-            k = int(policy.draft_length(remaining - 1))
+        k, context = ask_policy(policy, remaining - 1, lambda: int(draft_context(seq)) if draft_context else None,
+                                takes_context)
         proposal = draft(seq, k)[0] if k > 0 else seq[:0]  # [m]
         m, rest = proposal.numel(), truth[pos:]
         n = 0  # accepted drafts: the proposal's longest prefix that agrees with the text

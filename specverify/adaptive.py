@@ -79,16 +79,18 @@ questions only concern speculative sampling.
 from __future__ import annotations
 
 import bisect
+import inspect
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
 
 from . import law
 
-__all__ = ["RoundRecord", "ConfidenceStop", "FixedK", "AdaptiveK", "draft_confidences", "confidence_cut"]
+__all__ = ["RoundRecord", "ConfidenceStop", "FixedK", "AdaptiveK", "draft_confidences", "confidence_cut",
+           "ask_policy"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,30 @@ def confidence_cut(stop: Callable[[int, float], bool], probs, tokens) -> int:
         if stop(i, float(conf)):
             return i + 1
     return int(torch.as_tensor(tokens).numel())
+
+
+def takes_keyword(fn, name: str) -> bool:
+    """Whether ``fn`` has a parameter called ``name`` (by name only: a ``**kwargs`` callable may ignore it)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature
+        return False
+    return name in params
+
+
+def ask_policy(policy, limit: int, context_of: Callable[[], Optional[int]], takes_context: bool
+               ) -> Tuple[int, Optional[int]]:
+    """``(K, context)`` for a round that may draft up to ``limit`` tokens, as the decoder asks:
+    no draft and no question when ``limit < 1``; a policy whose ``draft_length`` takes a context
+    (``takes_context``, from :func:`takes_keyword`) is asked with ``context_of()`` (the draft's
+    context of the prefix, ``None`` for a draft without one), any other without, and the context
+    returned is ``None``."""
+    if limit < 1:
+        return 0, None
+    if not takes_context:
+        return int(policy.draft_length(limit)), None
+    context = context_of()
+    return int(policy.draft_length(limit, context=context)), context
 
 
 def _stop_rule(confidence_threshold):

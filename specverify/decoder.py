@@ -25,7 +25,6 @@ actually drawn from, warped (temperature, top-k, ...) exactly as the target's ro
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 
 from . import _inputs
-from .adaptive import AdaptiveK, FixedK, RoundRecord, confidence_cut
+from .adaptive import AdaptiveK, FixedK, RoundRecord, ask_policy, confidence_cut, takes_keyword
 from .ops import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
 from .tree_drafts import DraftTree
 
@@ -206,8 +205,8 @@ class SpeculativeDecoder:
         self.draft_step = draft_step
         self.target_step = target_step
         self.k = int(k.k_max)
-        self._draft_takes_stop = _takes_keyword(draft_step, "stop")
-        self._policy_takes_context = _takes_keyword(k.draft_length, "context")
+        self._draft_takes_stop = takes_keyword(draft_step, "stop")
+        self._policy_takes_context = takes_keyword(k.draft_length, "context")
         self.greedy = bool(greedy)
         self.generator = generator
         self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
@@ -295,14 +294,9 @@ class SpeculativeDecoder:
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
-            context = None  # the draft's context of the prefix, for a policy that takes one
-            if remaining <= 1:
-                asked = m = 0
-            elif self._policy_takes_context:
-                context = self._context(buf[:n].clone())
-                asked = m = int(self.policy.draft_length(remaining - 1, context=context))
-            else:
-                asked = m = int(self.policy.draft_length(remaining - 1))
+            asked, context = ask_policy(self.policy, remaining - 1, lambda: self._context(buf[:n].clone()),
+                                        self._policy_takes_context)
+            m = asked
             if not 0 <= m < remaining:
                 raise ValueError(f"policy {self.policy!r} asked for {m} draft tokens, allowed 0..{remaining - 1}")
             prefix = buf[:n]  # each callback gets its own copy: writing to it changes no output
@@ -372,14 +366,6 @@ class SpeculativeDecoder:
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()
-
-
-def _takes_keyword(fn, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # some builtins have no signature
-        return False
-    return name in params  # by name only: a **kwargs draft may ignore it
 
 
 # -- what the callbacks return, checked at the boundary ----------------------------------------
