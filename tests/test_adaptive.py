@@ -22,13 +22,20 @@ from test_decoder import ALPHA, bigram_pair, continuation_test  # noqa: E402
 # ------------------------------------------------------------------------------------------
 # policies and estimates
 # ------------------------------------------------------------------------------------------
+def accepted_drafts(k, rates, rng):
+    """How many of ``k`` drafts a round accepts when draft i is accepted with ``rates[i - 1]``
+    given the ones before it."""
+    n = 0
+    while n < k and rng.random() < rates[n]:
+        n += 1
+    return n
+
+
 def simulated_rounds(policy, rates, rounds, rng, target_time=None, draft_time=None):
     """Feed ``policy`` rounds whose accepted lengths follow the law of ``rates`` (positions 1..)."""
     for _ in range(rounds):
         k = policy.draft_length(len(rates))
-        n = 0
-        while n < k and rng.random() < rates[n]:
-            n += 1
+        n = accepted_drafts(k, rates, rng)
         policy.observe(RoundRecord(k, k, n, draft_time(k) if draft_time else float("nan"),
                                    target_time(k + 1) if target_time else float("nan")))
 
@@ -104,9 +111,7 @@ def simulated_tree_rounds(policy, rates, rounds, rng, nodes_per_depth):
     with ``nodes_per_depth * K`` nodes whose accepted path length follows the law of ``rates``."""
     for _ in range(rounds):
         k = policy.draft_length(len(rates))
-        n = 0
-        while n < k and rng.random() < rates[n]:
-            n += 1
+        n = accepted_drafts(k, rates, rng)
         policy.observe(RoundRecord(k, nodes_per_depth * k, n, float("nan"), float("nan"), depth=k))
 
 
@@ -338,9 +343,7 @@ def contextual_rounds(policy, rates_by_context, rounds, rng, tell=True):
         rates = rates_by_context[c]
         told = c if tell else None
         k = policy.draft_length(len(rates), context=told)
-        n = 0
-        while n < k and rng.random() < rates[n]:
-            n += 1
+        n = accepted_drafts(k, rates, rng)
         policy.observe(RoundRecord(k, k, n, float("nan"), float("nan"), context=told))
 
 
