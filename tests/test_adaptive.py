@@ -727,6 +727,18 @@ def test_choose_k_analysis_predicts_a_consistent_fabricated_run():
         assert cfg["model_speedup"] == pytest.approx((k + 1) / (0.001 * k + t_of(k + 1)) * t_of(1), rel=1e-9)
     assert res["configs"]["auto"]["k_counts"][3] == 20
     assert "| p |" in choose_k.table(choose_k.analyse(rows))
+    # the model rates K = 8 best (every round accepts all), and so it is measured
+    assert choose_k.model_choice(choose_k.analyse(rows))["p"] == dict(config="K=8", ratio=1.0, recosted=1.0)
+    # the clock makes K = 8's runs 10% slower: the model, which reads the rounds' own timings, still
+    # asks K = 8, now measured below the best fixed K (K = 7); re-costed, the choice is still the best
+    for row in rows:
+        if row["config"] == "K=8":
+            row["tokens_per_s"] *= 0.9
+    choice = choose_k.model_choice(choose_k.analyse(rows))["p"]
+    speed = {k: (k + 1) / (0.001 * k + t_of(k + 1) + 0.0005) for k in (7, 8)}
+    assert choice["config"] == "K=8"
+    assert choice["ratio"] == pytest.approx(0.9 * speed[8] / speed[7], rel=1e-9)
+    assert choice["recosted"] == pytest.approx(1.0, rel=1e-9)
 
 
 def _fabricated_speeds(auto, fixed, repeats, noise, seed):
