@@ -254,13 +254,12 @@ def analyse(rows):
             entry = dict(tokens_per_s=float(tps.mean()), spread=float(tps.std(ddof=1)) if tps.size > 1 else 0.0,
                          tokens_per_round=float(np.mean([int(r["new_tokens"]) / int(r["rounds"]) for r in rs])),
                          recosted=float(np.mean([recost(r, t_all, d_all, overhead_all) for r in rs])))
+            costs_of = [per_rep_costs[int(r["repeat"])] for r in rs]  # (T, D, overhead) of each run's repetition
             if config == "plain":  # one token per one-token pass
-                entry["predicted_from_k8"] = float(np.mean([1.0 / (per_rep_costs[int(r["repeat"])][0][0]
-                                                                   + per_rep_costs[int(r["repeat"])][2]) for r in rs]))
+                entry["predicted_from_k8"] = float(np.mean([1.0 / (t[0] + overhead) for t, _, overhead in costs_of]))
             if config.startswith("K="):
                 k = int(config[2:])
                 survival, proposed = round_law(rs, k)  # this K's own rounds
-                costs_of = [per_rep_costs[int(r["repeat"])] for r in rs]
                 entry["predicted"] = float(np.mean([predict(survival, proposed, *c) for c in costs_of]))
                 entry["predicted_from_k8"] = float(np.mean([predict(s8[:k], p8[:k], *c) for c in costs_of]))
                 t, d, _ = costs_of[0]
@@ -290,12 +289,15 @@ def model_choice(analysis) -> dict:
     out = {}
     for prompt, res in analysis["prompts"].items():
         cfg = res["configs"]
-        chosen = max(["plain"] + [f"K={k}" for k in KS], key=lambda c: cfg[c]["predicted_from_k8"])
-        best = max(cfg[f"K={k}"]["tokens_per_s"] for k in KS)
-        best_recost = max(cfg[f"K={k}"]["recosted"] for k in KS)
-        out[prompt] = dict(config=chosen, ratio=cfg[chosen]["tokens_per_s"] / best,
-                           recosted=cfg[chosen]["recosted"] / best_recost)
+        chosen = max((c for c in CONFIGS if c != "auto"), key=lambda c: cfg[c]["predicted_from_k8"])
+        out[prompt] = dict(config=chosen, ratio=cfg[chosen]["tokens_per_s"] / best_fixed(cfg, "tokens_per_s"),
+                           recosted=cfg[chosen]["recosted"] / best_fixed(cfg, "recosted"))
     return out
+
+
+def best_fixed(configs, key):
+    """The largest ``key`` (``tokens_per_s`` or ``recosted``) over one prompt's fixed-K configs."""
+    return max(configs[f"K={k}"][key] for k in KS)
 
 
 def table(analysis) -> str:
@@ -310,8 +312,7 @@ def table(analysis) -> str:
         for c in CONFIGS:
             pooled[c].append(cfg[c]["tokens_per_s"])
             pooled_recost[c].append(cfg[c]["recosted"])
-        best = max(cfg[f"K={k}"]["tokens_per_s"] for k in KS)
-        best_recost = max(cfg[f"K={k}"]["recosted"] for k in KS)
+        best, best_recost = best_fixed(cfg, "tokens_per_s"), best_fixed(cfg, "recosted")
         err = max(abs(cfg[f"K={k}"]["predicted"] / cfg[f"K={k}"]["tokens_per_s"] - 1) for k in KS)
         lines.append(f"| {prompt} | {cfg['plain']['tokens_per_s']:.1f} | "
                      + " | ".join(f"{cfg[f'K={k}']['tokens_per_s']:.1f} ({cfg[f'K={k}']['predicted']:.1f})" for k in KS)
@@ -459,7 +460,8 @@ def main(argv=None):
         compute(make_params(args.max_new, args.repeats, args.threads, args.decay, args.clock, args.linears),
                 prompts, out_dir)
     rows = load(out_dir)[0]
-    print(table(analyse(rows)))
+    analysis = analyse(rows)
+    print(table(analysis))
     print("auto / best fixed K against the noise (naive as in the table; cross-validated: the best K chosen "
           "on half of the repetitions, judged on the other half; spread: sd over resampled repetitions):")
     for name, s in auto_vs_best_k(rows).items():
@@ -467,7 +469,7 @@ def main(argv=None):
               f"spread {s['spread']:.3f}")
     print("one K chosen by the model with each prompt's rates known (those of its K = 8 rounds), measured "
           "over the best fixed K (choose_k.model_choice):")
-    for name, c in model_choice(analyse(rows)).items():
+    for name, c in model_choice(analysis).items():
         print(f"  {name:14s} {c['config']:6s} {c['ratio']:.3f}  re-costed {c['recosted']:.3f}")
     print(f"figure: {plot(out_dir)}")
 
