@@ -69,7 +69,8 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
 
     Each round asks ``policy`` for K as the decoder does (``draft_length(remaining - 1)``, with
     the draft's ``context`` of the text so far if the policy takes one; none when one token is
-    left), proposes with prompt lookup, accepts the longest prefix of the
+    left; after a round that asked K = 0, whether the draft's ``first_token`` was right), proposes
+    with prompt lookup, accepts the longest prefix of the
     proposal that agrees with ``text`` and emits it and the next token of ``text``; the round
     costs ``D(K) + T(M + 1) + overhead`` (M proposed), or draws from the recorded times of its
     lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
@@ -101,7 +102,11 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
             d = float(jitter.choice(profile.draft_pool[k - 1])) if k else 0.0
             t = float(jitter.choice(profile.target_pool[m]))
         seconds += d + t + profile.overhead
-        policy.observe(RoundRecord(k, m, n, d, t, context=context))
+        hindsight = None  # as the decoder: a round that drafted nothing learns if the draft would have been right
+        if k == 0 and callable(getattr(draft, "first_token", None)):
+            first = draft.first_token(seq)
+            hindsight = None if first is None else first == int(rest[0])
+        policy.observe(RoundRecord(k, m, n, d, t, context=context, hindsight=hindsight))
         asked.append(k)
         accepted.append(n)
         seq = torch.cat([seq, rest[:emitted]])
@@ -356,11 +361,16 @@ def main(argv=None):
                     help="the policy's T(n)/T(1) along each run's recorded auto rounds against the run's medians, "
                          "with the pace and without it (pace_decay=1)")
     ap.add_argument("--record-texts", metavar="FILE", default=None,
-                    help="record greedy continuations of real_model.HELDOUT_PROMPTS to FILE (for --texts) and stop")
+                    help="record greedy continuations of held-out prompts to FILE (for --texts) and stop")
+    ap.add_argument("--prompt-set", choices=["heldout", "heldout2"], default="heldout",
+                    help="--record-texts: real_model.HELDOUT_PROMPTS or HELDOUT_PROMPTS_2")
     ap.add_argument("--max-new", type=int, default=128, help="tokens per text for --record-texts")
     args = ap.parse_args(argv)
     if args.record_texts:
-        record_texts(args.record_texts, args.max_new)
+        from . import real_model
+
+        prompts = real_model.HELDOUT_PROMPTS if args.prompt_set == "heldout" else real_model.HELDOUT_PROMPTS_2
+        record_texts(args.record_texts, args.max_new, prompts=prompts)
         return
     if args.cost_beliefs:
         from specverify.adaptive import AdaptiveK

@@ -100,6 +100,26 @@ HELDOUT_PROMPTS = {
     "email": "Write a short email to a colleague asking to move our meeting from Monday to Wednesday.",
     "quote": "Quote this sentence back and then explain it: 'The only way to do great work is to love what you do.'",
 }
+# A second held-out set, written after AdaptiveK's contradicted-match context (2026-12-02) was
+# designed on the prompts above, to judge it on texts it was not chosen on (experiments.k_replay
+# --record-texts FILE --prompt-set heldout2).
+HELDOUT_PROMPTS_2 = {
+    "grammar": "Fix the grammar in this paragraph and return it: 'Me and him goes to the market every days. "
+               "We buys apples and the apples is always fresh. Yesterday we seen a dog who were very big.'",
+    "csv_md": "Turn this CSV into a Markdown table:\nname,price,stock\npen,1.20,340\nnotebook,3.50,120\n"
+              "stapler,7.99,45\nruler,0.99,500",
+    "formal": "Rewrite this message in a formal tone: 'hey, can't make it tomorrow, something came up, "
+              "let's do next week, sorry!'",
+    "explain_code": "Explain what this code does, line by line:\n```python\nwords = text.split()\n"
+                    "counts = {}\nfor w in words:\n    counts[w] = counts.get(w, 0) + 1\n"
+                    "print(sorted(counts.items(), key=lambda kv: -kv[1])[:3])\n```",
+    "recipe": "Give a recipe for pancakes with a list of ingredients and numbered steps.",
+    "rename": "In this code, rename the function `f` to `area` and return the whole code:\n```python\n"
+              "def f(w, h):\n    return w * h\n\nprint(f(3, 4))\nprint(f(5, 6))\n```",
+    "poem": "Write a four-line poem about the sea.",
+    "dialogue": "Continue this dialogue for four more lines:\nA: Did you finish the report?\nB: Almost, I need one more chart.\n"
+                "A: Which chart?\nB: The one with the monthly sales.",
+}
 LONG_CODE = '''import csv
 from collections import defaultdict
 from pathlib import Path

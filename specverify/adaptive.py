@@ -9,7 +9,8 @@ finished round (:meth:`observe`). The decoder calls nothing else:
     policy.begin()                                      # optional: a new sequence starts
     K = policy.draft_length(limit[, context=c])         # 0 <= K <= limit, before drafting
     stop(i, confidence) -> bool                         # after draft token i: draft another?
-    policy.observe(RoundRecord(...))                    # after verification
+    policy.observe(RoundRecord(...))                    # after verification (with, after a K = 0
+                                                        # round, whether the draft's first_token was right)
 
 :class:`FixedK` asks for the same K every round. :class:`AdaptiveK` estimates, online and with
 a prior, the per-position acceptance rates, the probability that the draft proposes each
@@ -17,9 +18,11 @@ position (prompt lookup may find nothing; a stop rule cuts), the draft's cost as
 the K asked and the target pass's cost as a function of the tokens it scores (from the
 decoder's own timings, or a given cost model), and asks each round for the K that maximizes
 the model's speed-up :func:`specverify.law.speedup_curve`. A draft with a ``context(prefix)``
-method (prompt lookup: the order of the n-gram match it would copy from) tells a policy whose
-``draft_length`` takes a ``context`` keyword, before each round, what kind of proposal is coming;
-:class:`AdaptiveK` then estimates the first position's rates per context. :class:`ConfidenceStop` is
+method (prompt lookup: the order of the n-gram match it would copy from, and whether later text
+contradicted it) tells a policy whose ``draft_length`` takes a ``context`` keyword, before each
+round, what kind of proposal is coming; :class:`AdaptiveK` then estimates the first position's
+rates per context, and learns them in hindsight in rounds that draft nothing from a draft with a
+``first_token(prefix)`` method. :class:`ConfidenceStop` is
 transformers' ``assistant_confidence_threshold``: stop drafting after the first token whose
 draft probability is below the threshold (that token is kept and verified).
 
@@ -29,8 +32,9 @@ Claim. Let a round start from the sequence ``x`` with history ``H`` (everything 
 earlier rounds: their tokens, coins and timings). Suppose that whether position ``i`` of the
 round is proposed (K, and every stop) is decided from ``(x, H)``, the tokens ``t_{<i}`` proposed
 before it and draft-side randomness, but neither from ``t_i`` itself nor from the round's
-verification uniforms ``U`` (a draft's ``context`` is a function of ``x``, so a policy
-that reads it is covered); and that, given everything that decision saw, a proposed ``t_i`` is
+verification uniforms ``U`` (a draft's ``context`` is a function of ``x``, and a past round's
+``hindsight`` a function of its prefix and emitted token, part of ``H``, so a policy that reads
+them is covered); and that, given everything that decision saw, a proposed ``t_i`` is
 distributed as the row ``q_i`` handed to the verifier. Then every token the decoder emits, given all tokens emitted before it and given
 ``H``, has the target's conditional law; by the chain rule the decoder's output has the target's
 joint law, whatever the policy. (A draft that drew tokens past the stop and had them cut by the
@@ -104,6 +108,9 @@ class RoundRecord:
     target_time: float  # the target pass scoring proposed + 1 tokens
     depth: Optional[int] = None  # a tree round: the tree's depth (<= asked; 0 for an empty tree); None: a chain
     context: Optional[int] = None  # the draft's context of the round's prefix (``draft_step.context``); None: none
+    # a round that asked K = 0 of a draft with ``first_token(prefix)``: whether the token it would
+    # have proposed first is the one emitted; None: not known (the round drafted, or no such draft)
+    hindsight: Optional[bool] = None
 
 
 class ConfidenceStop:
@@ -336,22 +343,34 @@ class AdaptiveK:
     Draft contexts: when the decoder passes ``draft_length(limit, context=c)`` (the draft's
     ``context(prefix)``, an integer known before drafting), position 1's ``a_1`` and ``g_1`` are
     estimated per context: the context's own counts (decayed like the others) plus
-    ``context_weight`` pseudo-rounds at a target, the pooled estimate above raised to the
-    context's *record* (its counts over all sequences so far, kept across :meth:`begin`,
-    forgotten with ``context_memory`` per round, shrunk to the pooled estimate with
-    ``context_weight``). Why contexts: prompt lookup's context is the order of the n-gram match
-    its proposal copies from, and on SmolLM2's greedy texts a proposal found by a 3-gram match
-    had its first token right 68-89% of the time, one found by a single token 13-23%
-    (``PromptLookupDraft.context``). Pooled, those rounds share one rate and every proposal is
-    priced alike, so the policy pays a multi-token pass for proposals that are mostly wrong or
-    asks too little of the good ones. Why the record: pulled to the pooled rate alone, a context
-    a sequence meets late (a 3-gram match first seen after dozens of rejected proposals) started
+    ``context_weight`` pseudo-rounds at the context's *record* (its counts over all sequences so
+    far, kept across :meth:`begin`, forgotten with ``context_memory`` per round), itself shrunk
+    to the pooled estimate above with ``context_weight``. Why contexts: prompt lookup's context
+    is the order of the n-gram match its proposal copies from and whether later text has
+    contradicted that match (``PromptLookupDraft.context``); on SmolLM2's greedy texts the first
+    copied token was right after 42 of 43 uncontradicted 3-gram matches and after 8 of 114
+    contradicted single tokens. Pooled, those rounds share one rate and every proposal is priced
+    alike, so the policy pays a multi-token pass for proposals that are mostly wrong or asks too
+    little of the good ones. Why the record: pulled to the pooled rate alone, a context a
+    sequence meets late (a 3-gram match first seen after dozens of rejected proposals) started
     near 0, was asked K = 0 and was never observed again (qa's greedy answer, repetitive after
     100 tokens: 0.90 of the best fixed K in the replay, 0.98 before contexts, 1.00 with the
-    record). Only position 1: later positions ask whether a right start goes on, which the match
+    record); and a context that failed in past sequences fails again in a sequence whose other
+    proposals succeed, so its record may also price it *below* the pooled rate (this needs
+    contexts that separate good proposals from bad: with match orders alone, a single-token
+    record of 8 right in 63 priced fix_spelling's own single-token matches, 2 right in 6, too
+    low). Only position 1: later positions ask whether a right start goes on, which the match
     order says little about (estimated per context at every position, the worst replayed prompt
     fell from 0.89 to 0.80 of the best fixed K). The context is a function of the prefix, so
     verification stays exact (module docstring).
+
+    Hindsight: a context priced at K = 0 is never drafted in, so its rate could not be seen to
+    rise. A round that asked K = 0 of a draft that can say what it would have proposed first
+    (``first_token(prefix)``, deterministic drafts such as prompt lookup) records whether that
+    token is the one emitted (:attr:`RoundRecord.hindsight`), and it counts at position 1, in
+    the pool and in its context, as a first draft seen and accepted or rejected. (For a point
+    mass on ``t`` the token emitted is ``t`` with probability ``p(t)``, its acceptance
+    probability, so in sampling mode too the count has the law of a drafted round's.)
 
     Every ``explore_every``-th round asks
     for one more than the optimum instead, so that positions and lengths beyond it keep being
@@ -503,13 +522,13 @@ class AdaptiveK:
         d, t = costs
         g = self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
         a = self._posterior(self.passed, self.tried, self.prior_rate)
-        if context is not None:  # position 1 in this context: its counts, shrunk to the pooled
-            # rates raised to the context's record
+        if context is not None:  # position 1 in this context: its counts, shrunk to its record,
+            # itself shrunk to the pooled rates
             _, tried, passed, asked, proposed_1 = self._context_counts(context)
             _, r_tried, r_passed, r_asked, r_proposed = self._context_counts(context, record=True)
             w = self.context_weight
-            a_target = max(a[0], (r_passed + w * a[0]) / (r_tried + w))
-            g_target = max(g[0], (r_proposed + w * g[0]) / (r_asked + w))
+            a_target = (r_passed + w * a[0]) / (r_tried + w)
+            g_target = (r_proposed + w * g[0]) / (r_asked + w)
             a[0] = (passed + w * a_target) / (tried + w)
             g[0] = (proposed_1 + w * g_target) / (asked + w)
         proposed, survival = [], []  # [k_max] prod_{j<=i} g_j and prod_{j<=i} g_j a_j
@@ -569,10 +588,15 @@ class AdaptiveK:
         # positions 1..min(reach+1, asked) were asked with everything before them proposed
         self.asked_at[: min(reach + 1, asked)] += 1.0
         self.proposed_at[:reach] += 1.0
+        if r.hindsight is not None and r.asked == 0:  # position 1 seen without drafting
+            self.tried[0] += 1.0
+            self.passed[0] += bool(r.hindsight)
         if r.context is not None:
+            seen = reach > 0 or (r.hindsight is not None and r.asked == 0)
+            right = n > 0 or (r.asked == 0 and bool(r.hindsight))
             for counts in (self._context_counts(r.context), self._context_counts(r.context, record=True)):
-                counts[1] += reach > 0
-                counts[2] += n > 0
+                counts[1] += seen
+                counts[2] += right
                 counts[3] += asked > 0
                 counts[4] += reach > 0
         if self.target_cost is None:

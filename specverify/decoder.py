@@ -152,10 +152,12 @@ class SpeculativeDecoder:
         otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
         ``probs`` is a point mass, confidence 1). A ``draft_step`` with a ``context(prefix)``
         method (:class:`~specverify.integrations.transformers.PromptLookupDraft`: its match
-        order) gives each round's context, before drafting, to a policy whose ``draft_length``
-        takes a ``context`` keyword; the round's :class:`~specverify.adaptive.RoundRecord`
-        carries it. Policies that only see the draft side and past rounds keep verification
-        exact (proof in :mod:`specverify.adaptive`).
+        order, and whether later text contradicted the match) gives each round's context, before
+        drafting, to a policy whose ``draft_length`` takes a ``context`` keyword; the round's
+        :class:`~specverify.adaptive.RoundRecord` carries it. A ``draft_step`` with a ``first_token(prefix)`` method (the token its proposal
+        would start with, or ``None``) is asked it in rounds that draft nothing, and the record
+        says whether it was the token emitted (``hindsight``). Policies that only see the draft
+        side and past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
         as ``method`` says.
@@ -249,6 +251,19 @@ class SpeculativeDecoder:
         if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
             raise TypeError(f"draft_step.context must return an int, got {c!r}")
         return int(c)
+
+    def _hindsight(self, prefix: torch.Tensor, emitted: int) -> Optional[bool]:
+        """In a round that drafted nothing: whether the draft's ``first_token(prefix)`` is the token
+        the target emitted (``None``: a draft without ``first_token``, or nothing to propose)."""
+        first_token = getattr(self.draft_step, "first_token", None)
+        if not callable(first_token):
+            return None
+        t = first_token(prefix.clone())
+        if t is None:
+            return None
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"draft_step.first_token must return an int or None, got {t!r}")
+        return int(t) == emitted
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
@@ -362,7 +377,8 @@ class SpeculativeDecoder:
             stats.accepted.append(int(n_acc))
             stats.emitted.append(len(new))
             stats.asked.append(asked)
-            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth, context))
+            hindsight = self._hindsight(prefix, new[0]) if asked == 0 else None
+            self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth, context, hindsight))
             if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
                 break
         return buf[:n].clone()

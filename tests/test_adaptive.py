@@ -406,6 +406,50 @@ def test_a_context_met_late_starts_from_its_record_over_past_sequences():
     assert seasoned.draft_length(8, context=1) == 0  # the failing context keeps its own counts
 
 
+def test_a_context_whose_record_failed_is_priced_by_it_in_a_sequence_that_succeeds():
+    """A context is shrunk to its record, not to the higher of the record and the pooled rate: in
+    a sequence whose proposals succeed so far, a context that failed in past sequences (prompt
+    lookup's contradicted single-token matches) is asked K = 0 from the first time it is met; a
+    fresh policy, without a record, drafts there at the pooled rate."""
+    cost = dict(draft_cost=0.01, target_cost=lambda n: 1.0 if n == 1 else 1.5 + 0.05 * n, explore_every=0)
+    later = [0.8] * 7
+    seasoned, fresh = AdaptiveK(k_max=8, **cost), AdaptiveK(k_max=8, **cost)
+    contextual_rounds(seasoned, {4: [0.02, *later], 3: [0.95, *later]}, 400, np.random.default_rng(0))
+    for policy in (seasoned, fresh):
+        policy.begin()
+        contextual_rounds(policy, {3: [0.95, *later]}, 20, np.random.default_rng(1))  # this sequence so far
+    assert seasoned.rates()[0] > 0.8 and fresh.rates()[0] > 0.8
+    assert fresh.draft_length(8, context=4) >= 1
+    assert seasoned.draft_length(8, context=4) == 0
+    assert seasoned.draft_length(8, context=3) >= 6
+
+
+def test_rounds_that_draft_nothing_learn_the_first_drafts_rate_in_hindsight():
+    """A context priced at K = 0 is never drafted in, so its drafts' rate could never be seen to
+    rise; a round that asked K = 0 and knows in hindsight that the draft would have been right
+    (``RoundRecord.hindsight``) counts as a first draft seen and accepted, in the context and at
+    position 1, and one that would have been wrong as seen and rejected. ``None``: nothing seen."""
+    cost = dict(draft_cost=0.01, target_cost=lambda n: 1.0 if n == 1 else 1.5 + 0.05 * n, explore_every=0)
+    later = [0.8] * 7
+    policies = [AdaptiveK(k_max=8, **cost) for _ in range(3)]
+    for policy, hindsight in zip(policies, [True, False, None]):
+        contextual_rounds(policy, {4: [0.0, *later], 3: [0.95, *later]}, 400, np.random.default_rng(0))
+        policy.begin()
+        contextual_rounds(policy, {3: [0.95, *later]}, 20, np.random.default_rng(1))
+        assert policy.draft_length(8, context=4) == 0
+        for _ in range(12):  # this sequence: the context's drafts would have been right, or wrong
+            policy.observe(RoundRecord(0, 0, 0, 0.0, float("nan"), context=4, hindsight=hindsight))
+    right, wrong, unseen = policies
+    assert right.draft_length(8, context=4) >= 1
+    assert wrong.draft_length(8, context=4) == 0 and unseen.draft_length(8, context=4) == 0
+    seen = sum(0.98**i for i in range(12))  # the 12 rounds, decayed
+    np.testing.assert_allclose(right._context_counts(4)[1:3], [seen, seen])
+    np.testing.assert_allclose(wrong._context_counts(4)[1:3], [seen, 0.0])
+    np.testing.assert_allclose(unseen._context_counts(4)[1:3], [0.0, 0.0])
+    np.testing.assert_allclose(right.tried[0] - unseen.tried[0], seen)
+    np.testing.assert_allclose([right.passed[0] - unseen.passed[0], wrong.passed[0] - unseen.passed[0]], [seen, 0.0])
+
+
 class ContextSeeing(FixedK):
     """K from the context: none in context 0, ``k`` otherwise; records what it was given."""
 
@@ -461,6 +505,57 @@ def test_decoder_gives_the_drafts_context_to_policies_that_take_it():
     assert lookup.context(torch.tensor([5, 6, 7, 5, 6, 7])) == 3
     assert lookup.context(torch.tensor([5, 6, 9, 4, 6])) == 1
     assert lookup.context(torch.tensor([5, 6, 9])) == 0 and lookup(torch.tensor([5, 6, 9]), 4)[0].numel() == 0
+    # contradicted: the last earlier 6 was followed by 2, the earliest (the one copied) by 1
+    assert lookup.context(torch.tensor([6, 1, 6, 2, 6])) == 1 + lookup.max_ngram
+    assert lookup.context(torch.tensor([6, 1, 6, 1, 7, 6])) == 1  # both earlier 6s were followed by 1
+    assert lookup.context(torch.tensor([1, 6, 2, 1, 6, 3, 5, 1, 6])) == 2 + lookup.max_ngram  # (1, 6): 2, then 3
+    for seq in ([5, 6, 7, 5, 6, 7], [6, 1, 6, 2, 6], [1, 6, 2, 1, 6, 3, 5, 1, 6], [5, 6, 9]):
+        first = lookup(torch.tensor(seq), 1)[0].tolist()
+        assert lookup.first_token(torch.tensor(seq)) == (first[0] if first else None)
+
+
+def test_decoder_records_in_hindsight_whether_an_undrafted_round_would_have_been_right():
+    """A round that asks K = 0 of a draft with ``first_token(prefix)`` records whether that token is
+    the one the target emitted; drafting rounds, and drafts without it, record ``None``."""
+    target, draft = bigram_pair(0, 5)
+    d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
+    asked_for = []
+
+    class WithFirstToken:
+        def __call__(self, prefix, k):
+            return d(prefix, k)
+
+        def first_token(self, prefix):
+            asked_for.append(prefix.tolist())
+            return None if prefix.numel() % 3 == 0 else prefix.numel() % 5  # a guess from the prefix alone
+
+    class Alternating(ContextSeeing):  # K = 0 on two rounds of three
+        def draft_length(self, limit, context=None):
+            return 0 if len(self.records) % 3 else min(3, limit)
+
+    policy = Alternating(3)
+    out = sv.SpeculativeDecoder(WithFirstToken(), t, k=policy).generate([1], max_new=30).tolist()
+    assert out[1:] == target.greedy([1], 30)
+    pos, seen = 1, []
+    for r in policy.records:
+        if r.asked == 0:
+            prefix = out[:pos]
+            seen.append(prefix)
+            assert r.hindsight == (None if len(prefix) % 3 == 0 else len(prefix) % 5 == out[pos])
+        else:
+            assert r.hindsight is None
+        pos += r.accepted + 1
+    assert asked_for == seen and {True, False, None} <= {r.hindsight for r in policy.records if r.asked == 0}
+    plain = ContextSeeing(3)  # a draft without first_token: None everywhere
+    sv.SpeculativeDecoder(d, t, k=plain).generate([1], max_new=10)
+    assert all(r.hindsight is None for r in plain.records)
+
+    class BadFirstToken(WithFirstToken):
+        def first_token(self, prefix):
+            return 1.5
+
+    with pytest.raises(TypeError, match="draft_step.first_token must return an int or None"):
+        sv.SpeculativeDecoder(BadFirstToken(), t, k=Alternating(3)).generate([1], max_new=10)
 
 
 # ------------------------------------------------------------------------------------------
@@ -572,6 +667,20 @@ class ContextDecoder(PolicyDecoder):
         return int(prefix[-1])
 
 
+class HindsightDecoder(ContextDecoder):
+    """The same, with drafts so dear that the policy asks K = 0 until it learns otherwise, and
+    rounds that draft nothing told in hindsight whether a guess from the prefix (its last token)
+    was the token emitted, as ``first_token`` tells them: past-only, so exact. (Without the
+    hindsight this policy never drafts: 3 rounds per 3-token run; with it, 1.8.)"""
+
+    make_policy = staticmethod(lambda: AdaptiveK(k_max=4, prior_rate=0.5, prior_strength=1.0, decay=0.7,
+                                                 draft_cost=0.45, target_cost=lambda n: 1.0 + 0.05 * (n - 1),
+                                                 explore_every=3))
+
+    def _hindsight(self, prefix, emitted):
+        return int(prefix[-1]) == emitted
+
+
 class ContextSeesTheDraw(PolicyDecoder):
     """Broken: a context computed from the round's drawn first draft token (its draft confidence),
     with a policy that drafts nothing in the low-confidence context. The draw is thrown away when
@@ -594,9 +703,9 @@ LAW_CASES = [(4, 3, 3000), (3, 5, 3000)]  # (vocab, length, runs)
 
 @pytest.mark.parametrize("cls,method", [(PolicyDecoder, "token"), (AdaptiveStopDecoder, "token"),
                                         (ConfidenceStopDecoder, "token"), (AdaptiveStopDecoder, "block"),
-                                        (ContextDecoder, "token")],
+                                        (ContextDecoder, "token"), (HindsightDecoder, "token")],
                          ids=["adaptive_k", "adaptive_k+stop", "confidence_stop", "block+adaptive_k+stop",
-                              "adaptive_k+context"])
+                              "adaptive_k+context", "adaptive_k+context+hindsight"])
 @pytest.mark.parametrize("vocab,length,runs", LAW_CASES)
 def test_policies_preserve_joint_law(cls, method, vocab, length, runs):
     res, rounds_per_run = continuation_test(cls, vocab=vocab, length=length, k=None, runs=runs, seed=7,

@@ -500,12 +500,32 @@ class PromptLookupDraft:
         self.matched = 0
 
     def context(self, prefix: torch.Tensor) -> int:
-        """The order ``n`` of the match the next proposal copies from (0: none, nothing proposed),
-        known from the prefix alone: the draft-side context :class:`specverify.adaptive.AdaptiveK`
-        estimates the first draft's rates by. A longer match is a better one: on SmolLM2-135M's
-        greedy texts the first token copied after a 3-gram match was right 68-89% of the time,
-        after a single token 13-23%."""
-        return longest_match(_as_tokens(prefix), self.max_ngram, self.min_ngram)[0]
+        """What kind of proposal comes next, known from the prefix alone: the draft-side context
+        :class:`specverify.adaptive.AdaptiveK` estimates the first draft's rates by.
+
+        ``n``, the order of the match the proposal copies from (0: none, nothing proposed), plus
+        ``max_ngram`` when the match is *contradicted*: the n-gram's most recent earlier
+        occurrence was followed by another token than the earliest one, whose continuation is
+        copied. A longer match is a better one, and a contradicted one a much worse one: on
+        SmolLM2-135M's greedy texts (12 prompts, 316 proposing rounds) the first copied token was
+        right after 42 of 43 uncontradicted 3-gram matches and 0 of 17 contradicted ones, after
+        36 of 104 uncontradicted single tokens and 8 of 114 contradicted ones (a common token
+        such as " the" matches early in the prompt, and what followed it there was overruled
+        since)."""
+        seq = _as_tokens(prefix)
+        n, starts = longest_match(seq, self.max_ngram, self.min_ngram)
+        if not n:
+            return 0
+        return n + self.max_ngram * int(seq[starts[-1] + n] != seq[starts[0] + n])
+
+    def first_token(self, prefix: torch.Tensor) -> Optional[int]:
+        """The token a proposal from ``prefix`` would start with, without drafting (``None``:
+        nothing to propose). The decoder asks it in rounds that draft nothing, so that a policy
+        still learns, in hindsight, whether the draft would have been right there
+        (:attr:`specverify.adaptive.RoundRecord.hindsight`)."""
+        seq = _as_tokens(prefix)
+        n, starts = longest_match(seq, self.max_ngram, self.min_ngram)
+        return int(seq[starts[0] + n]) if n else None
 
     def lookup(self, seq: torch.Tensor, k: int) -> torch.Tensor:
         """Up to ``k`` tokens that followed the earliest earlier match of ``seq``'s last n-gram."""
