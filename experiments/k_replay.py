@@ -76,7 +76,7 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
     lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
     ``rounds``, and each round's K ``asked`` and drafts ``accepted``.
     """
-    from specverify.adaptive import RoundRecord, ask_policy, takes_keyword
+    from specverify.adaptive import RoundRecord, ask_policy, draft_hindsight, takes_keyword
     from specverify.integrations.transformers import PromptLookupDraft
 
     draft = draft or PromptLookupDraft()
@@ -102,10 +102,7 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
             d = float(jitter.choice(profile.draft_pool[k - 1])) if k else 0.0
             t = float(jitter.choice(profile.target_pool[m]))
         seconds += d + t + profile.overhead
-        hindsight = None  # as the decoder: a round that drafted nothing learns if the draft would have been right
-        if k == 0 and callable(getattr(draft, "first_token", None)):
-            first = draft.first_token(seq)
-            hindsight = None if first is None else first == int(rest[0])
+        hindsight = draft_hindsight(draft, seq, int(rest[0])) if k == 0 else None  # as the decoder
         policy.observe(RoundRecord(k, m, n, d, t, context=context, hindsight=hindsight))
         asked.append(k)
         accepted.append(n)

@@ -94,7 +94,7 @@ import torch
 from . import law
 
 __all__ = ["RoundRecord", "ConfidenceStop", "FixedK", "AdaptiveK", "draft_confidences", "confidence_cut",
-           "ask_policy"]
+           "ask_policy", "draft_hindsight"]
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,21 @@ def ask_policy(policy, limit: int, context_of: Callable[[], Optional[int]], take
         return int(policy.draft_length(limit)), None
     context = context_of()
     return int(policy.draft_length(limit, context=context)), context
+
+
+def draft_hindsight(draft_step, prefix: torch.Tensor, emitted: int) -> Optional[bool]:
+    """For a round that drafted nothing, as the decoder records it (:attr:`RoundRecord.hindsight`):
+    whether ``draft_step.first_token(prefix)`` is the token the target ``emitted``; ``None`` for a
+    draft without ``first_token`` or with nothing to propose."""
+    first_token = getattr(draft_step, "first_token", None)
+    if not callable(first_token):
+        return None
+    t = first_token(prefix)
+    if t is None:
+        return None
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+        raise TypeError(f"draft_step.first_token must return an int or None, got {t!r}")
+    return int(t) == int(emitted)
 
 
 def _stop_rule(confidence_threshold):
@@ -588,12 +603,12 @@ class AdaptiveK:
         # positions 1..min(reach+1, asked) were asked with everything before them proposed
         self.asked_at[: min(reach + 1, asked)] += 1.0
         self.proposed_at[:reach] += 1.0
-        if r.hindsight is not None and r.asked == 0:  # position 1 seen without drafting
+        hindsight = r.hindsight if r.asked == 0 else None  # position 1 seen without drafting
+        if hindsight is not None:
             self.tried[0] += 1.0
-            self.passed[0] += bool(r.hindsight)
+            self.passed[0] += bool(hindsight)
         if r.context is not None:
-            seen = reach > 0 or (r.hindsight is not None and r.asked == 0)
-            right = n > 0 or (r.asked == 0 and bool(r.hindsight))
+            seen, right = reach > 0 or hindsight is not None, n > 0 or bool(hindsight)
             for counts in (self._context_counts(r.context), self._context_counts(r.context, record=True)):
                 counts[1] += seen
                 counts[2] += right

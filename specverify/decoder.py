@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import _inputs
-from .adaptive import AdaptiveK, FixedK, RoundRecord, ask_policy, confidence_cut, takes_keyword
+from .adaptive import AdaptiveK, FixedK, RoundRecord, ask_policy, confidence_cut, draft_hindsight, takes_keyword
 from .ops import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
 from .tree_drafts import DraftTree
 
@@ -154,10 +154,11 @@ class SpeculativeDecoder:
         method (:class:`~specverify.integrations.transformers.PromptLookupDraft`: its match
         order, and whether later text contradicted the match) gives each round's context, before
         drafting, to a policy whose ``draft_length`` takes a ``context`` keyword; the round's
-        :class:`~specverify.adaptive.RoundRecord` carries it. A ``draft_step`` with a ``first_token(prefix)`` method (the token its proposal
-        would start with, or ``None``) is asked it in rounds that draft nothing, and the record
-        says whether it was the token emitted (``hindsight``). Policies that only see the draft
-        side and past rounds keep verification exact (proof in :mod:`specverify.adaptive`).
+        :class:`~specverify.adaptive.RoundRecord` carries it. A ``draft_step`` with a
+        ``first_token(prefix)`` method (the token its proposal would start with, or ``None``) is
+        asked it in rounds that draft nothing, and the record says whether it was the token
+        emitted (``hindsight``). Policies that only see the draft side and past rounds keep
+        verification exact (proof in :mod:`specverify.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
         as ``method`` says.
@@ -253,17 +254,8 @@ class SpeculativeDecoder:
         return int(c)
 
     def _hindsight(self, prefix: torch.Tensor, emitted: int) -> Optional[bool]:
-        """In a round that drafted nothing: whether the draft's ``first_token(prefix)`` is the token
-        the target emitted (``None``: a draft without ``first_token``, or nothing to propose)."""
-        first_token = getattr(self.draft_step, "first_token", None)
-        if not callable(first_token):
-            return None
-        t = first_token(prefix.clone())
-        if t is None:
-            return None
-        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
-            raise TypeError(f"draft_step.first_token must return an int or None, got {t!r}")
-        return int(t) == emitted
+        """In a round that drafted nothing: :func:`specverify.adaptive.draft_hindsight`."""
+        return draft_hindsight(self.draft_step, prefix.clone(), emitted)
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:
         """The tokens a round appends: the accepted draft prefix, then the recovered/bonus token."""
