@@ -59,13 +59,14 @@ DIRECTIVES = {
     "embedsignature": True,
 }
 
-# Every specverify/*.pyx is an extension (today one, _kernels.pyx, which includes one .pxi per
-# op family; see its docstring for why they share a module).
+# Every specverify/kernels/*.pyx is an extension (today one, _kernels.pyx, which includes one .pxi
+# per op family; see its docstring for why they share a module).
 HERE = os.path.dirname(os.path.abspath(__file__))
+KERNELS = os.path.join("specverify", "kernels")
 extensions = [
-    Extension(f"specverify.{name[:-len('.pyx')]}", [f"specverify/{name}"],
+    Extension(f"specverify.kernels.{name[:-len('.pyx')]}", [os.path.join(KERNELS, name)],
               extra_compile_args=COMPILE_ARGS, extra_link_args=LINK_ARGS)
-    for name in sorted(os.listdir(os.path.join(HERE, "specverify")))
+    for name in sorted(os.listdir(os.path.join(HERE, KERNELS)))
     if name.endswith(".pyx")
 ]
 

@@ -1,14 +1,20 @@
-"""Experiments for specverify: the analytic law of rejection sampling, observed.
+"""Experiments for specverify: the analytic law of rejection sampling, observed; the ops timed
+against the memory-read floor; real models end to end.  A folder per job:
 
-Modules (run with ``python -m experiments.<name>``):
+- :mod:`experiments.law` -- synthetic targets and drafts (``synthetic``), rounds of verification
+  (``simulate``), the main job ``convergence`` (the accepted-length histogram converging on the
+  law, ``media/hero.gif``), ``sweep`` (the same check over a grid) and ``block`` (block
+  verification against token-wise).
+- :mod:`experiments.benchmarks` -- ``ops`` (``python -m experiments.bench``: every op against the
+  floor), ``batch``, ``tree``, ``linear``, the comparison implementations ``impls`` and the shared
+  ``harness`` (machine description, timing loop, settings, tables).
+- :mod:`experiments.end_to_end` -- SmolLM2 through transformers: ``real_model``, ``choose_k``,
+  ``k_replay``, ``lookup_bound``, ``coupled``, ``speedup``.
 
-- :mod:`experiments.convergence` -- the main job: the accepted-length histogram of repeated
-  ``accept`` rounds converging on the analytic law (writes ``media/hero.gif``).
-- :mod:`experiments.sweep` -- the same check over a grid of K, V and draft mismatch.
-- :mod:`experiments.figures` -- redraws every README figure from cached results.
+Shared by all: :mod:`experiments.paths` (all paths, cache keys, run metadata),
+:mod:`experiments.stats` (the tests), :mod:`experiments.plots` (figure code; reads results, never
+computes them) and :mod:`experiments.figures` (redraws every README figure from cached results).
 
-Support modules: :mod:`experiments.paths` (all paths, cache keys, run metadata),
-:mod:`experiments.synthetic` (target/draft families and their knobs), :mod:`experiments.simulate`
-(rounds of verification and their statistics), :mod:`experiments.stats` (the tests),
-:mod:`experiments.plots` (figure code; reads results, never computes them).
+The flat names of before (``python -m experiments.convergence``, ``experiments.bench_batch``, ...)
+are aliases of the new modules (``_alias.py``): the same commands, options and objects.
 """

@@ -15,37 +15,19 @@ import sys
 from pathlib import Path
 
 from . import paths
+from .law.sweep import default_dir as default_sweep_dir  # noqa: F401 (old names)
+from .law.sweep import figure as sweep_figure  # noqa: F401
 
 
 def hero(results_root=None, out_dir=None, frames: int = 60) -> dict:
     """``media/hero.gif`` + ``media/hero.png`` from the default convergence run's results."""
-    from . import convergence
+    from .law import convergence
 
     params = convergence.make_params()
     directory = paths.result_dir(convergence.EXPERIMENT, params, results_root)
     if not (directory / "summary.json").exists():
         raise FileNotFoundError(f"no cached hero results in {directory}; run `python -m experiments.convergence`")
     return convergence.render(directory, Path(out_dir or paths.MEDIA_DIR), frames=frames)
-
-
-def sweep_figure(directory: Path, out_dir=None, name: str = paths.SWEEP_PNG) -> Path:
-    """``media/sweep.png`` (three panels) from a sweep results directory."""
-    from . import plots, sweep
-
-    table, summary = sweep.load(directory)
-    fig = plots.sweep_figure(table, summary["test"]["ks_p"], summary["test"]["alpha"])
-    path = Path(out_dir or paths.MEDIA_DIR) / name
-    plots.save_figure(fig, path)
-    return path
-
-
-def default_sweep_dir(results_root=None) -> Path:
-    from . import sweep
-
-    sweep_params = {"grid": {k: list(v) for k, v in sweep.GRID.items()}, "rounds": sweep.ROUNDS,
-                    "seed": sweep.SEED, "family": None, "temperature": sweep.synthetic.TEMPERATURE,
-                    "greedy": False, "variant": "correct"}
-    return Path(results_root or paths.RESULTS_DIR) / sweep.EXPERIMENT / paths.params_key(sweep.EXPERIMENT, sweep_params)
 
 
 def main(argv=None) -> int:
@@ -69,7 +51,7 @@ def main(argv=None) -> int:
     else:
         print(f"no cached sweep results in {d}; run `python -m experiments.sweep`", file=sys.stderr)
         missing += 1
-    from . import block
+    from .law import block
 
     d = args.block_dir or block.default_dir(args.results)
     if (d / "summary.json").exists():
@@ -78,7 +60,7 @@ def main(argv=None) -> int:
         print(f"no cached block results in {d}; run `python -m experiments.block`", file=sys.stderr)
         missing += 1
     # Choosing K (optional here: its absence does not fail the redraw of the figures above)
-    from . import speedup
+    from .end_to_end import speedup
 
     speedup_results = speedup.results_path(speedup.make_params(), args.results)
     if speedup_results.exists():

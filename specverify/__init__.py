@@ -11,13 +11,25 @@
 
 ``sv.law`` holds the analytic law of rejection sampling, ``sv.reference`` slow NumPy references
 that the kernels match bit for bit, and ``sv.SpeculativeDecoder`` the draft/verify loop.
+
+The package has a folder per job (``ARCHITECTURE.md`` in the repository says which way imports
+go): ``verify`` (the validated entry points re-exported here), ``kernels`` (the Cython),
+``reference``, ``law``, ``decoding`` (the decoder, draft-length policies, draft trees),
+``testing`` (checking any verifier's losslessness) and ``integrations`` (transformers, SmolLM2,
+the Hugging Face ``kernels`` build).  The old module paths (``specverify.ops``,
+``specverify.batch``, ``specverify.adaptive``, ``specverify.decoder``, ``specverify.tree_drafts``,
+``specverify.reference_tree``, ``specverify.reference_warp``, ``specverify.hub``) are aliases of
+the new modules.
 """
 
-from . import batch, law, reference, reference_tree, reference_warp, stats
-from .ops import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
-                  accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
-                  accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, linear,
-                  verify_batch, verify_greedy, verify_tree_greedy, warp)
+from . import law, reference, stats, verify
+from .reference import tree as reference_tree  # noqa: F401 (old name)
+from .reference import warp as reference_warp  # noqa: F401 (old name)
+from .verify import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
+                     accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
+                     accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, linear,
+                     verify_batch, verify_greedy, verify_tree_greedy, warp)
+from .verify import batch  # noqa: F401 (sv.batch: the layouts and converters)
 
 __version__ = "0.1.0"
 
@@ -49,7 +61,7 @@ __all__ = [
 def __getattr__(name):
     # The decoder is imported on first use so `import specverify` stays light.
     if name == "SpeculativeDecoder":
-        from .decoder import SpeculativeDecoder
+        from .decoding.decoder import SpeculativeDecoder
 
         return SpeculativeDecoder
     raise AttributeError(f"module 'specverify' has no attribute {name!r}")

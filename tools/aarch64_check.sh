@@ -235,7 +235,7 @@ suite_and_agreement() {
     log "$tag: agreement run"
     # the run names the module it loaded: it must be this tree's build
     if "$@" "$WORK/cross_agreement.py" run --cases "$WORK/cases.npz" --out "$WORK/answers-$report.npz" \
-            >"$run_log" 2>&1 && grep -qF "($tree/specverify/_kernels$ext)" "$run_log"; then
+            >"$run_log" 2>&1 && grep -qF "($tree/specverify/kernels/_kernels$ext)" "$run_log"; then
         "$PY" "$REPO/tools/cross_agreement.py" compare --expected "$WORK/x86.npz" \
             --got "$WORK/answers-$report.npz" --cases "$WORK/cases.npz" --label "$tag" \
             --dump "$WORK/report/mismatch-$report.npz" >"$agree_file" \

@@ -353,7 +353,7 @@ def main(argv=None):
         t0 = time.time()
         results, errors = run(a.cases)
         np.savez(a.out, results=results, errors=errors)
-        import specverify._kernels as k
+        import specverify.kernels._kernels as k
         print(f"ran {results.shape[0]} cases x {len(OPS)} ops on {platform.machine()} "
               f"({k.__file__}) in {time.time() - t0:.1f}s")
         return 0

@@ -219,7 +219,7 @@ def analyse_source(src_path: str, c_text: str, optinfo_text: str, objdump_text: 
     """Regions of one Cython source file, with the reports whose C lines map into it."""
     with open(src_path) as f:
         regions = find_hot_regions(f.read())
-    # Cython writes the path relative to the package root, e.g. "specverify/_kernels.pyx"
+    # Cython writes the path relative to the package root, e.g. "specverify/kernels/_kernels.pyx"
     names = {m.group(1) for m in map(MARKER_RE.match, c_text.splitlines()) if m}
     base = os.path.basename(src_path)
     cands = [n for n in names if os.path.basename(n) == base]

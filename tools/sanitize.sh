@@ -26,7 +26,7 @@ set -euo pipefail
 export LC_ALL=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 MPLBACKEND=Agg
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python}
-TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/test_ops_validation.py tests/test_ops_reference.py tests/test_numeric_contract.py tests/test_block_ops.py tests/test_tree_ops.py tests/test_batch.py tests/test_warp.py tests/test_linear.py tests/test_decoder.py tests/test_reliability.py tests/test_fuzz.py}
+TESTS=${SPECVERIFY_SANITIZE_TESTS:-tests/verify/test_ops_validation.py tests/verify/test_ops_reference.py tests/kernels/test_numeric_contract.py tests/verify/test_block_ops.py tests/verify/test_tree_ops.py tests/verify/test_batch.py tests/verify/test_warp.py tests/verify/test_linear.py tests/decoding/test_decoder.py tests/kernels/test_reliability.py tests/kernels/test_fuzz.py}
 START=$SECONDS
 log() { printf '[sanitize %4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
@@ -51,7 +51,7 @@ log "building with SPECVERIFY_BUILD=asan"
 cd "$WORK/src"
 SPECVERIFY_BUILD=asan "$PY" setup.py -q build_ext --inplace > "$WORK/build.log" 2>&1 \
     || { cat "$WORK/build.log"; echo "sanitize: build failed" >&2; exit 2; }
-SO=$(ls specverify/_kernels*.so)
+SO=$(ls specverify/kernels/_kernels*.so)
 symbols=$(nm -D "$SO")
 for symbol in __asan_report_load __ubsan_handle_type_mismatch; do  # the instrumentation is in
     grep -q "$symbol" <<< "$symbols" || { echo "sanitize: $SO lacks $symbol: not a sanitizer build" >&2; exit 2; }
@@ -68,7 +68,7 @@ export UBSAN_OPTIONS="print_stacktrace=1:log_path=$WORK/logs/ubsan:report_error_
 export SPECVERIFY_FUZZ_PROFILE=${SPECVERIFY_FUZZ_PROFILE:-sanitize}
 # Child processes the tests start import the instrumented copy too, not an installed specverify.
 export PYTHONPATH="$WORK/src${PYTHONPATH:+:$PYTHONPATH}"
-LD_PRELOAD="$PRELOAD" "$PY" -c "import specverify._kernels as k, sys; sys.exit(0 if k.bounds_checked() else 'not a checked build')"
+LD_PRELOAD="$PRELOAD" "$PY" -c "import specverify.kernels._kernels as k, sys; sys.exit(0 if k.bounds_checked() else 'not a checked build')"
 
 log "running: $TESTS"
 status=0

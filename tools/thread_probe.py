@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from specverify import _kernels
+from specverify.kernels import _kernels
 
 IDLE_US = (0, 10, 30, 100, 1000, 10000)
 

@@ -55,8 +55,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .. import ops
-from ..tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
+from .. import verify as ops
+from ..decoding.tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
 
 __all__ = [
     "warp",
@@ -130,7 +130,7 @@ class Sampling:
     min_p: float = 0.0
 
     def __post_init__(self):
-        ops._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
+        ops.logits._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
 
     def rows(self, logits: torch.Tensor) -> torch.Tensor:
         """``[n, V]`` logits -> ``[n, V]`` float32 rows (logits if greedy, else probabilities)."""

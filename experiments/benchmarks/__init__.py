@@ -1,0 +1,1 @@
+"""Benchmarks of the ops against the memory-read floor measured in the same run (``python -m experiments.bench``)."""

@@ -1,0 +1,1 @@
+"""Experiments on the analytic law: synthetic targets and drafts, convergence (the main job), sweeps, block verification."""
