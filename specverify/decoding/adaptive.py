@@ -91,7 +91,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import torch
 
-from .. import law
+from ..kernels import _inputs
 from ..law.speedup import _cost_values, _speedup_values
 
 __all__ = ["RoundRecord", "ConfidenceStop", "FixedK", "AdaptiveK", "draft_confidences", "confidence_cut",
@@ -169,9 +169,17 @@ def ask_policy(policy, limit: int, context_of: Callable[[], Optional[int]], take
     if limit < 1:
         return 0, None
     if not takes_context:
-        return int(policy.draft_length(limit)), None
+        return _asked(policy, policy.draft_length(limit), limit), None
     context = context_of()
-    return int(policy.draft_length(limit, context=context)), context
+    return _asked(policy, policy.draft_length(limit, context=context), limit), context
+
+
+def _asked(policy, k, limit: int) -> int:
+    """The K a policy's ``draft_length`` returned, as an int (any integral type but bool), else a
+    TypeError naming the policy."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"policy {policy!r}: draft_length must return an int in [0, {limit}], got {k!r}")
+    return int(k)
 
 
 def draft_hindsight(draft_step, prefix: torch.Tensor, emitted: int) -> Optional[bool]:
@@ -197,9 +205,7 @@ class FixedK:
     """The same draft length ``k`` every round (optionally cut by a confidence stop)."""
 
     def __init__(self, k: int, confidence_threshold: Optional[float] = None):
-        if int(k) != k or k < 1:
-            raise ValueError(f"k must be a positive integer, got {k!r}")
-        self.k_max = int(k)
+        self.k_max = _inputs.whole_number(k, "k", 1)  # any integral type but bool; floats, inf, NaN refused
         self.stop = _stop_rule(confidence_threshold)
 
     def begin(self) -> None:

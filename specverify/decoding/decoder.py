@@ -25,6 +25,8 @@ actually drawn from, warped (temperature, top-k, ...) exactly as the target's ro
 
 from __future__ import annotations
 
+import inspect
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Tuple
@@ -66,20 +68,29 @@ class DecodeStats:
         return len(self.accepted)
 
     @property
+    def longest_proposal(self) -> int:
+        """The longest accepted length the rounds could have had: ``min(k, max(drafted))`` (0
+        before any round). The histograms are sized by it, not by the cap ``k``, which may be
+        huge (``k = 10**12`` means "never cut by the policy")."""
+        return min(self.k, max(self.drafted, default=0))
+
+    @property
     def accepted_histogram(self) -> np.ndarray:
-        """Counts of accepted lengths ``n = 0 .. k`` over the rounds, shape ``[k + 1]``.
+        """Counts of accepted lengths ``n = 0 .. longest_proposal`` over the rounds, shape
+        ``[longest_proposal + 1]`` (``[k + 1]`` once a round proposed ``k`` tokens).
 
         Rounds that proposed fewer than ``k`` tokens (near ``max_new``) are included; see
         :attr:`full_rounds_histogram` for rounds of exactly ``k`` proposals only.
         """
-        return np.bincount(np.asarray(self.accepted, dtype=np.int64), minlength=self.k + 1)
+        return np.bincount(np.asarray(self.accepted, dtype=np.int64), minlength=self.longest_proposal + 1)
 
     @property
     def full_rounds_histogram(self) -> np.ndarray:
-        """Accepted-length counts over rounds that proposed all ``k`` tokens, shape ``[k + 1]``."""
+        """Accepted-length counts over rounds that proposed all ``k`` tokens, shape
+        ``[longest_proposal + 1]`` like :attr:`accepted_histogram`."""
         acc = np.asarray(self.accepted, dtype=np.int64)
         full = np.asarray(self.drafted, dtype=np.int64) == self.k
-        return np.bincount(acc[full], minlength=self.k + 1)
+        return np.bincount(acc[full], minlength=self.longest_proposal + 1)
 
     @property
     def acceptance_per_round(self) -> np.ndarray:
@@ -169,8 +180,9 @@ class SpeculativeDecoder:
     generator : torch.Generator or numpy.random.Generator, optional
         Source of the verification uniforms in sampling mode (``None``: torch's default
         generator). The draft's own sampling randomness belongs to ``draft_step``.
-    eos_token_id : int, optional
-        Stop right after this token is emitted.
+    eos_token_id : int or sequence of int, optional
+        Stop right after any of these tokens is emitted: an int, or a list, tuple, set, array or
+        tensor of ints (the forms of ``generation_config.eos_token_id``). ``None`` or empty: no stop.
     clock : callable, optional
         Seconds for the timings in :attr:`stats` (and those an adaptive policy learns from);
         default ``time.perf_counter`` (wall clock). ``time.process_time`` counts this process's
@@ -178,7 +190,35 @@ class SpeculativeDecoder:
         is the wall time of an idle machine).
 
     After :meth:`generate`, :attr:`stats` (a :class:`DecodeStats`) holds the run's rounds,
-    accepted-length histogram, per-round acceptance, tokens per round and timings.
+    accepted-length histogram, per-round acceptance, tokens per round and timings. It is the
+    statistics of the *most recently started* call (filled in as it runs, so after an interruption
+    it holds the rounds that completed); ``generate(..., return_stats=True)`` returns each call's
+    own, which is what a decoder shared by threads or re-entered from a callback needs.
+
+    Accepted argument types (anything else raises a TypeError/ValueError naming the argument):
+    ``k`` and ``max_new`` are integers (any integral type but bool: floats, even ``4.0``, inf,
+    NaN and None are refused rather than cast); ``greedy`` is a bool; token ids (the prompt,
+    ``eos_token_id``, draft tokens) are integers, never floats or booleans; ``prompt_ids`` is one
+    sequence, ``[L]`` or ``[1, L]`` with ``L >= 1`` (a ``[B > 1, L]`` batch is refused); ``clock``
+    returns a number. Token ids are checked to be ``>= 0`` always, and ``< V`` where the
+    vocabulary is known: from ``target_step.vocab_size`` if the target has one (the transformers
+    callbacks do), else from the draft's ``probs`` and the target's rows once seen. A draft's
+    output is validated (type, shape, token range) before the target is called. Callbacks with a
+    boolean ``greedy`` attribute (the transformers callbacks) must agree with the decoder's mode.
+
+    Thread-safety: :meth:`generate` keeps its sequence, buffers and statistics local to the call,
+    so a decoder is exactly as thread-safe as its callbacks and its policy. :class:`FixedK` holds
+    no state; :class:`AdaptiveK` learns from every round it observes, unsynchronized, so threads
+    sharing one mix (and may corrupt) its estimates; the transformers callbacks follow one
+    sequence's KV cache and raise a RuntimeError when two threads use one pair at once. Build one
+    decoder and one callbacks pair per thread (they may share the models' weights).
+
+    Recovery after interruption: an exception or ``KeyboardInterrupt`` raised inside a callback or
+    the policy propagates out of :meth:`generate` and leaves the decoder as it was, except for
+    :attr:`stats` (the completed rounds) and the policy's estimates (updated only by completed
+    rounds); the next call starts afresh. Callbacks that keep state across calls must recover
+    theirs: the transformers callbacks do (an interrupted forward drops the KV cache, which the
+    next call rebuilds).
     """
 
     def __init__(
@@ -199,20 +239,25 @@ class SpeculativeDecoder:
                 raise ValueError(f"k must be a positive integer, 'auto' or a policy, got {k!r}")
             k = AdaptiveK()
         elif not hasattr(k, "draft_length"):
-            if isinstance(k, bool) or int(k) != k or k < 1:
-                raise ValueError(f"k must be a positive integer, got {k!r}")
-            k = FixedK(int(k))
+            k = FixedK(k)  # k is checked there: an integer >= 1
         self.policy = k
-        if method not in self.METHODS:
+        if not isinstance(method, str) or method not in self.METHODS:
             raise ValueError(f"method must be one of {sorted(self.METHODS)}, got {method!r}")
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds (e.g. time.perf_counter), got {clock!r}")
         self.draft_step = draft_step
         self.target_step = target_step
-        self.k = int(k.k_max)
+        self.k = _inputs.whole_number(k.k_max, f"policy {k!r}: k_max", 1)
         self._draft_takes_stop = takes_keyword(draft_step, "stop")
         self._policy_takes_context = takes_keyword(k.draft_length, "context")
-        self.greedy = bool(greedy)
+        self._target_takes_parents = _takes_positional(target_step, 3)
+        self.greedy = _inputs.flag(greedy, "greedy")
+        for name, step in (("draft_step", draft_step), ("target_step", target_step)):
+            _check_mode(name, step, self.greedy)
         self.generator = generator
-        self.eos_token_id = None if eos_token_id is None else int(eos_token_id)
+        self.eos_token_ids = _inputs.token_ids(eos_token_id, "eos_token_id")  # () for none
+        ids = self.eos_token_ids
+        self.eos_token_id = None if not ids else ids[0] if len(ids) == 1 else ids
         self.method = method
         self.clock = clock
         self.stats = DecodeStats(k=self.k)
@@ -227,20 +272,62 @@ class SpeculativeDecoder:
         return self.METHODS[self.method](target_probs, draft_probs, tokens, generator=self.generator)
 
     def _draft(self, prefix: torch.Tensor, m: int):
-        """``(tokens [j], probs [j, V] or None)``, j <= m, cut by the policy's draft-side stop rule
-        (or the draft's :class:`~specverify.tree_drafts.DraftTree`, uncut)."""
+        """``(tokens [j], probs [j, V] or None)``, j <= m, validated (:func:`draft_result`,
+        :func:`draft_rows`, token ids in ``[0, V)`` of ``probs``) *before* the policy's draft-side
+        stop rule reads them, then cut by it; or the draft's
+        :class:`~specverify.tree_drafts.DraftTree`, uncut (:meth:`_proposal` checks it)."""
         stop = self.policy.stop
-        if stop is None:
-            return self.draft_step(prefix, m)
         # a draft that takes the rule stops early (saving its own passes); the cut below is then a no-op
-        drafted = self.draft_step(prefix, m, stop=stop) if self._draft_takes_stop else self.draft_step(prefix, m)
-        if isinstance(drafted, DraftTree):
-            return drafted  # the stop rule cuts chains
+        if stop is not None and self._draft_takes_stop:
+            drafted = self.draft_step(prefix, m, stop=stop)
+        else:
+            drafted = self.draft_step(prefix, m)
+        if stop is None or isinstance(drafted, DraftTree):
+            return drafted  # the stop rule cuts chains; _proposal validates what is returned
         tokens, probs = draft_result(drafted)
-        if probs is not None:
+        if tokens.numel() > m:
+            raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
+        if probs is not None and tokens.numel():
+            probs = draft_rows(probs, tokens.numel())
+            check_draft_tokens(tokens, _width(probs), "position")
             j = confidence_cut(stop, probs, tokens)
             tokens, probs = tokens[:j], probs[:j]
         return tokens, probs
+
+    def _proposal(self, drafted, m: int, vocab: Optional[int]):
+        """``(tokens, probs or None, tree or None, depth or None)`` from what :meth:`_draft`
+        returned for a round asking for ``m`` tokens, validated before the target sees it: token
+        ids integers in ``[0, V)``, ``V`` the known ``vocab`` or the width of ``probs``. A chain:
+        ``tokens [j]`` (``j <= m``), ``probs [j, V]``. A tree of depth ``<= m``: its ``tokens [N]``,
+        ``probs [N + 1, V]``, the tree and its depth (an empty tree: no tokens, depth 0)."""
+        if isinstance(drafted, DraftTree):
+            depth = self._checked_depth(drafted, m)
+            if not drafted.n_nodes:
+                return drafted.tokens, None, None, depth  # an empty tree: a plain target step
+            probs = None if drafted.probs is None else draft_rows(drafted.probs, drafted.n_nodes + 1)
+            check_draft_tokens(drafted.tokens, vocab if vocab is not None else _width(probs), "node")
+            return drafted.tokens, probs, drafted, depth
+        tokens, probs = draft_result(drafted)
+        if tokens.numel() > m:
+            raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
+        if tokens.numel() == 0:
+            return tokens, None, None, None
+        if probs is not None:
+            probs = draft_rows(probs, tokens.numel())
+        check_draft_tokens(tokens, vocab if vocab is not None else _width(probs), "position")
+        return tokens, probs, None, None
+
+    def _now(self) -> float:
+        """``clock()``, checked to be a number of seconds."""
+        t = self.clock()
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real):
+            raise TypeError(f"clock must return a number of seconds, got {t!r} from {self.clock!r}")
+        return t
+
+    def _known_vocab(self) -> Optional[int]:
+        """``target_step.vocab_size`` (checked) if the target has one, else ``None``."""
+        vocab = getattr(self.target_step, "vocab_size", None)
+        return None if vocab is None else _inputs.whole_number(vocab, "target_step.vocab_size", 1)
 
     def _context(self, prefix: torch.Tensor) -> Optional[int]:
         """The draft's context of ``prefix`` (``draft_step.context(prefix)``, an integer; ``None``
@@ -277,8 +364,13 @@ class SpeculativeDecoder:
         return depth
 
     # -- the loop ------------------------------------------------------------------------
-    def generate(self, prompt_ids, max_new: int = 128) -> torch.Tensor:
+    def generate(self, prompt_ids, max_new: int = 128, *, return_stats: bool = False):
         """Return the prompt followed by ``max_new`` new tokens (fewer only at ``eos``).
+
+        ``prompt_ids``: one sequence of integer token ids, ``[L]`` or ``[1, L]`` (``L >= 1``; a
+        list, array or tensor). ``max_new``: an integer ``>= 0``; the output grows as it is
+        emitted, so a huge ``max_new`` means "until eos" and allocates nothing up front.
+        ``return_stats=True``: return ``(ids, stats)``, this call's own :class:`DecodeStats`.
 
         A round asks the draft for ``K`` tokens, the policy's choice capped at ``remaining - 1``
         (a fixed ``k``: ``min(k, remaining - 1)``), so that its ``n + 1`` emitted tokens never
@@ -286,16 +378,17 @@ class SpeculativeDecoder:
         and no verified token is discarded. ``K = 0`` (one token left, or the policy's choice) is a
         plain target step with no draft call.
         """
-        prompt = torch.as_tensor(prompt_ids).reshape(-1).to(torch.int64)
-        if int(max_new) != max_new or max_new < 0:
-            raise ValueError(f"max_new must be a non-negative integer, got {max_new!r}")
-        max_new = int(max_new)
+        prompt = prompt_tokens(prompt_ids)
+        max_new = _inputs.whole_number(max_new, "max_new", 0)
+        return_stats = _inputs.flag(return_stats, "return_stats")
+        vocab = self._known_vocab()  # None until a callback shows it
+        check_prompt_vocab(prompt, vocab)
         n0 = prompt.numel()
-        buf = torch.empty(n0 + max_new, dtype=torch.int64)  # positions < n are never rewritten
+        buf = torch.empty(n0 + min(max_new, OUTPUT_CHUNK), dtype=torch.int64)  # positions < n are never rewritten
         buf[:n0] = prompt
         n = n0
         stats = self.stats = DecodeStats(k=self.k)
-        clock = self.clock
+        eos = self.eos_token_ids
         if hasattr(self.policy, "begin"):
             self.policy.begin()  # a new sequence: an adaptive policy may discount what it learned before
 
@@ -312,57 +405,63 @@ class SpeculativeDecoder:
             tree = None  # a DraftTree when the draft returned one (then m counts its nodes)
             depth = None  # the tree's depth when the draft returned a tree, even an empty one
             if m > 0:
-                t0 = clock()
-                returned = self._draft(prefix.clone(), m)  # ([m], [m, V] or None) or a DraftTree
-                draft_s = clock() - t0
+                t0 = self._now()
+                drafted = self._draft(prefix.clone(), m)  # ([j], [j, V] or None) or a DraftTree
+                draft_s = self._now() - t0
+                tokens, draft_probs, tree, depth = self._proposal(drafted, m, vocab)
                 stats.draft_time += draft_s
-                if isinstance(returned, DraftTree):
-                    depth = self._checked_depth(returned, m)
-                    if returned.n_nodes:
-                        tree = returned
-                        returned = (tree.tokens, tree.probs)  # [N], [N + 1, V] or None
-                    else:
-                        returned = (returned.tokens, None)  # an empty tree: a plain target step
-                tokens, draft_probs = draft_result(returned)
-                if tree is not None:
-                    m = tree.n_nodes
-                if tokens.numel() > m:
-                    raise ValueError(f"draft_step returned {tokens.numel()} tokens, asked for at most {m}")
-                if tree is None:
-                    m = tokens.numel()  # a short proposal is fine: the round verifies what there is
-                if m == 0:
-                    draft_probs = None
+                m = tokens.numel()  # a short proposal is fine: the round verifies what there is
             else:
                 tokens = torch.empty(0, dtype=torch.int64)
 
-            t0 = clock()
+            t0 = self._now()
             if tree is None:
                 target_probs = self.target_step(prefix.clone(), tokens.clone())  # [m+1, V]
             else:
+                if not self._target_takes_parents:
+                    raise TypeError(
+                        f"draft_step returned a DraftTree, and trees call target_step(prefix, tokens, parents), "
+                        f"but target_step {self.target_step!r} takes (prefix, proposed) only: give it a third "
+                        f"parameter (e.g. CausalLMTarget scores trees), or return chains")
                 target_probs = self.target_step(prefix.clone(), tokens.clone(), tree.parents)  # [N+1, V]
-            target_s = clock() - t0
+            target_s = self._now() - t0
             stats.target_time += target_s
             target_probs = score_rows(target_probs, "target_step returned target_probs", m + 1)
-            if draft_probs is not None and m > 0:
-                draft_rows = m if tree is None else m + 1
-                draft_probs = score_rows(draft_probs, "draft_step returned probs", draft_rows)
+            if vocab is None:  # the first rows: the vocabulary the prompt's ids must lie in
+                vocab = int(np.shape(target_probs)[1])
+                check_prompt_vocab(prompt, vocab)
 
-            t0 = clock()
-            if tree is None:
-                n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
-            else:
-                path, next_token = self._verify_tree(target_probs, draft_probs, tokens, tree.parents)
-                path = torch.as_tensor(path, dtype=torch.int64).reshape(-1)
-                n_acc = path.numel()
-            stats.verify_time += clock() - t0
+            t0 = self._now()
+            try:
+                if tree is None:
+                    n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
+                else:
+                    path, next_token = self._verify_tree(target_probs, draft_probs, tokens, tree.parents)
+                    path = torch.as_tensor(path, dtype=torch.int64).reshape(-1)
+                    n_acc = path.numel()
+            except ValueError as error:
+                if not self.greedy and "target_probs" in str(error) and "negative value" in str(error):
+                    raise ValueError(
+                        f"{error}. In sampling mode (greedy=False) target_step must return probabilities; "
+                        f"negative scores are logits, which greedy callbacks return: build the callbacks "
+                        f"for sampling (speculative_callbacks(..., greedy=False)) or decode with greedy=True"
+                    ) from error
+                raise
+            stats.verify_time += self._now() - t0
 
             if tree is None:
                 new = self._emitted(tokens, int(n_acc), int(next_token))
             else:
                 new = tokens[path].tolist() + [int(next_token)]
                 stats.tree_rounds += 1
-            if self.eos_token_id is not None and self.eos_token_id in new:
-                new = new[: new.index(self.eos_token_id) + 1]
+            if eos:
+                stop_at = next((i for i, t in enumerate(new) if t in eos), None)
+                if stop_at is not None:
+                    new = new[: stop_at + 1]
+            if n + len(new) > buf.numel():  # grow geometrically, never past the prompt + max_new
+                grown = torch.empty(min(n0 + max_new, max(n + len(new), 2 * buf.numel())), dtype=torch.int64)
+                grown[:n] = buf[:n]
+                buf = grown
             buf[n : n + len(new)] = torch.as_tensor(new, dtype=torch.int64)
             n += len(new)
             stats.drafted.append(m)
@@ -371,9 +470,91 @@ class SpeculativeDecoder:
             stats.asked.append(asked)
             hindsight = self._hindsight(prefix, new[0]) if asked == 0 else None
             self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth, context, hindsight))
-            if self.eos_token_id is not None and new and new[-1] == self.eos_token_id:
+            if eos and new[-1] in eos:
                 break
-        return buf[:n].clone()
+        out = buf[:n].clone()
+        return (out, stats) if return_stats else out
+
+
+OUTPUT_CHUNK = 256  # tokens of output room allocated up front; it doubles as the output grows
+
+
+def _takes_positional(fn, count: int) -> bool:
+    """Whether ``fn`` can be called with ``count`` positional arguments (True when unknown)."""
+    try:
+        inspect.signature(fn).bind(*([None] * count))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): let the call decide
+        return True
+    return True
+
+
+def _check_mode(name: str, step, greedy: bool) -> None:
+    """A ValueError if the callback ``step`` declares (a boolean ``greedy`` attribute, as the
+    transformers callbacks do) a mode other than the decoder's ``greedy``."""
+    mode = getattr(step, "greedy", None)
+    if isinstance(mode, (bool, np.bool_)) and bool(mode) != greedy:
+        built, runs = ("greedy decoding (it returns raw logits)", "samples") if mode else ("sampling", "is greedy")
+        raise ValueError(
+            f"{name} was built for {built} but the decoder {runs} (greedy={greedy}): build the callbacks "
+            f"with the decoder's mode, e.g. speculative_callbacks(model, draft, greedy={greedy})")
+
+
+def prompt_tokens(prompt_ids) -> torch.Tensor:
+    """``[L]`` int64 from ``prompt_ids`` ``[L]`` or ``[1, L]`` (list, array or tensor), ``L >= 1``.
+
+    Token ids must be integers (booleans and floats are refused, as for draft tokens) and
+    ``>= 0``; a ``[B > 1, L]`` batch raises (the decoder follows one sequence).
+    """
+    shape = getattr(prompt_ids, "shape", None)
+    if shape is None and isinstance(prompt_ids, (list, tuple)):
+        try:
+            shape = np.shape(prompt_ids)
+        except ValueError:  # ragged: tokens_int64 says what is wrong
+            shape = None
+    if shape is not None and len(shape) == 2:
+        if shape[0] != 1:
+            raise ValueError(
+                f"prompt_ids has shape {list(shape)}, a batch of {shape[0]} sequences, but SpeculativeDecoder "
+                f"decodes one sequence: call generate once per row (without its padding), or verify a "
+                f"batch of requests' rounds with specverify.verify_batch")
+        prompt_ids = prompt_ids[0]
+    tokens = torch.as_tensor(_inputs.tokens_int64(prompt_ids, "prompt_ids"))
+    if tokens.numel() == 0:
+        raise ValueError("prompt_ids is empty: the decoder continues a sequence of at least one token "
+                         "(e.g. the tokenizer's BOS token)")
+    negative = torch.nonzero(tokens < 0)
+    if negative.numel():
+        i = int(negative[0, 0])
+        raise ValueError(f"prompt_ids[{i}] = {int(tokens[i])} is negative: not a token id")
+    return tokens
+
+
+def check_prompt_vocab(prompt: torch.Tensor, vocab: Optional[int]) -> None:
+    """An IndexError naming ``prompt_ids`` if an id is ``>= vocab`` (``None``: not known yet)."""
+    if vocab is None:
+        return
+    outside = torch.nonzero(prompt >= vocab)
+    if outside.numel():
+        i = int(outside[0, 0])
+        raise IndexError(f"prompt_ids[{i}] = {int(prompt[i])} is not a token id in [0, {vocab}) (the target's vocabulary)")
+
+
+def check_draft_tokens(tokens: torch.Tensor, vocab: Optional[int], where: str) -> None:
+    """An IndexError naming ``draft_step``, the position (or tree node) and the vocabulary size if a
+    draft token is negative or (``vocab`` known) ``>= vocab``."""
+    bad = (tokens < 0) if vocab is None else (tokens < 0) | (tokens >= vocab)
+    found = torch.nonzero(bad)
+    if found.numel():
+        i = int(found[0, 0])
+        span = "[0, V)" if vocab is None else f"[0, {vocab}) (V = {vocab})"
+        raise IndexError(f"draft_step returned token {int(tokens[i])} at {where} {i}: not a token id in {span}")
+
+
+def _width(rows) -> Optional[int]:
+    """V of validated ``[n, V]`` rows, ``None`` for no rows."""
+    return None if rows is None else int(rows.shape[1])
 
 
 # -- what the callbacks return, checked at the boundary ----------------------------------------
@@ -402,6 +583,17 @@ def draft_result(returned) -> Tuple[torch.Tensor, Optional[object]]:
     except (TypeError, ValueError, IndexError) as error:
         raise type(error)(f"draft_step returned unusable tokens ({_described(tokens)}): {error}") from None
     return torch.as_tensor(tokens), probs
+
+
+def draft_rows(probs, n_rows: int):
+    """The draft's ``probs`` as validated float32 ``[n_rows, V]`` rows (:func:`score_rows` for the
+    shape, then the ops' own dtype checks), or a TypeError/ValueError naming draft_step. Run
+    before the confidence cut and before the target is called, so both see the same checks."""
+    probs = score_rows(probs, "draft_step returned probs", n_rows)
+    try:
+        return _inputs.float_rows(probs, "draft_probs")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"draft_step returned unusable probs: {error}") from None
 
 
 def score_rows(rows, what: str, n_rows: int):

@@ -25,6 +25,8 @@ from typing import Iterable, List, Optional, Sequence
 
 import torch
 
+from ..kernels import _inputs
+
 __all__ = ["DraftTree", "Trie", "check_parents", "depths", "ancestor_mask", "path_to", "chain_parents"]
 
 
@@ -37,8 +39,9 @@ class DraftTree:
     probs: Optional[object] = None  # [N + 1, V] or None (deterministic children)
 
     def __post_init__(self):
-        self.tokens = torch.as_tensor(self.tokens).reshape(-1).to(torch.int64)
-        self.parents = torch.as_tensor(self.parents).reshape(-1).to(torch.int64)
+        # integer ids only, 1-D, as for chain drafts: floats and booleans are refused, not truncated
+        self.tokens = torch.as_tensor(_inputs.tokens_int64(self.tokens, "DraftTree tokens"))
+        self.parents = torch.as_tensor(_inputs.tokens_int64(self.parents, "DraftTree parents"))
         if self.tokens.numel() != self.parents.numel():
             raise ValueError(f"tree tokens [{self.tokens.numel()}] and parents [{self.parents.numel()}] differ in length")
         check_parents(self.parents)

@@ -323,6 +323,46 @@ def thread_count(num_threads):
     return int(num_threads)
 
 
+def whole_number(value, name, minimum=0):
+    """``value`` as an int ``>= minimum``: any integral type but bool (floats, even 4.0, inf or NaN,
+    None and strings are refused rather than cast), else a TypeError/ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def flag(value, name):
+    """``value`` as a bool: only ``True``/``False`` (or NumPy's), never a string or a number."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def token_ids(ids, name):
+    """One token id or a sequence of them (the ``generation_config.eos_token_id`` forms: an int, a
+    list, a tuple, a 0-d or 1-D array or tensor) as a tuple of non-negative Python ints; ``None`` is
+    the empty tuple. Booleans, floats and strings are refused, as in :func:`tokens_int64`."""
+    if ids is None:
+        return ()
+    if isinstance(ids, (bool, np.bool_)) or isinstance(ids, (str, bytes)):
+        raise TypeError(f"{name} must be an integer token id or a sequence of them, got {ids!r}")
+    if isinstance(ids, numbers.Integral):
+        ids = [ids]
+    elif is_tensor(ids) or isinstance(ids, np.ndarray):
+        ids = ids.reshape(-1) if ids.ndim == 0 else ids
+    elif isinstance(ids, (set, frozenset)):
+        ids = sorted(ids, key=repr)
+    elif not isinstance(ids, (list, tuple)):
+        raise TypeError(f"{name} must be an integer token id or a sequence of them, got {type(ids).__name__}")
+    values = [int(t) for t in np.asarray(tokens_int64(ids, name)).tolist()]
+    negative = [t for t in values if t < 0]
+    if negative:
+        raise ValueError(f"{name} holds {negative[0]}: token ids are >= 0")
+    return tuple(values)
+
+
 def draw_uniforms(generator, count):
     """``count`` float64 uniforms in [0, 1), drawn in one call from the caller's generator.
 
