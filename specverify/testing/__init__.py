@@ -1,0 +1,3 @@
+"""specverify.testing: prove a verifier lossless, or find a counterexample."""
+from .exact import check_exact, bisect_cuts
+from .report import Report
