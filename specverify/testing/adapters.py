@@ -40,7 +40,7 @@ import numpy as np
 from ._calls import VerifierFault, as_int
 from .models import inverse_cdf
 
-__all__ = ["LAYOUTS", "KIND_NAMES", "adapt", "specverify_as_flashinfer", "specverify_as_vllm", "specverify_as_hf",
+__all__ = ["LAYOUTS", "KIND_NAMES", "adapt", "with_generator", "specverify_as_flashinfer", "specverify_as_vllm", "specverify_as_hf",
            "draw_uniforms"]
 
 LAYOUTS = ("specverify", "batch", "vllm", "flashinfer", "hf")
@@ -313,3 +313,23 @@ def specverify_as_hf(generator=None):
         return valid, torch.tensor(n)
 
     return f
+
+
+def with_generator(fn, kind="chain", layout="specverify"):
+    """A sampled-mode verifier from an exact-mode one: draws the uniforms ``fn`` takes from the
+    generator (in one call: K + 1 for chains, N + 1 for trees, ``[B, n + 1]`` for the flashinfer
+    layout), then calls ``fn``."""
+    if layout == "flashinfer":
+        def sampled(draft_probs, draft_token_ids, target_probs, generator):
+            b, n = np.shape(draft_token_ids)
+            return fn(draft_probs, draft_token_ids, draw_uniforms(generator, b * (n + 1)).reshape(b, n + 1), target_probs)
+    elif layout != "specverify":
+        raise ValueError(f"with_generator supports the specverify and flashinfer layouts, got {layout!r}")
+    elif kind == "tree":
+        def sampled(target_probs, draft_probs, draft_tokens, parents, generator):
+            return fn(target_probs, draft_probs, draft_tokens, parents, draw_uniforms(generator, len(draft_tokens) + 1))
+    else:
+        def sampled(target_probs, draft_probs, draft_tokens, generator):
+            return fn(target_probs, draft_probs, draft_tokens, draw_uniforms(generator, len(draft_tokens) + 1))
+    sampled.__name__ = f"{getattr(fn, '__name__', 'verifier')}_with_generator"
+    return sampled

@@ -179,7 +179,7 @@ def _warped_model(model, warp):
     with np.errstate(divide="ignore"):
         logits = np.log(model.table.astype(np.float32))
     flat = np.ascontiguousarray(logits.reshape(-1, model.vocab), dtype=np.float32)
-    return MarkovModel(logits.astype(np.float32)), MarkovModel(np.asarray(sv.warp(flat, **warp)).reshape(model.table.shape))
+    return MarkovModel(logits.astype(np.float32), validate=False), MarkovModel(np.asarray(sv.warp(flat, **warp)).reshape(model.table.shape))
 
 
 def _validate(kind, vocab, k, length, order, tree_rule, parents, cuts, tolerance, resolution, warp):
@@ -254,7 +254,8 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
             children, ``draft_probs=None``).
         tree_shape: a name in ``TREE_SHAPES`` or a parents list.
         cuts: ``"bisect"`` (find them; any verifier), ``"analytic"`` (the standard rule's of this
-            kind: fast, checked by the consistency check), or ``cuts(target_rows, draft_rows,
+            kind: fast; where the consistency check shows they are not the verifier's, that round
+            input falls back to bisection), or ``cuts(target_rows, draft_rows,
             tokens[, parents]) -> cuts(prefix)``.
         warp: logits-in verifiers: ``sv.warp`` settings; the verifier then receives logits
             (``log`` of the model rows, ``-inf`` at zeros) and the target law is the warped
@@ -421,7 +422,14 @@ def _input_law(caller, problem, context, args, emitted_of, law_rows, cuts, resol
                                         f"[{lows[j]:.12g}, {highs[j]:.12g}) found by {source}: {outcome} at "
                                         f"{u[j]:.12g}, {got} at {x:.12g}", caller.case(args + (v,)))
 
-    return law_over_uniforms(op, n_uniforms, cut_fn, leaf)
+    try:
+        return law_over_uniforms(op, n_uniforms, cut_fn, leaf)
+    except VerifierFault as fault:
+        if cuts != "analytic" or fault.what != "not piecewise constant":
+            raise
+    # The standard rule's cuts are not this verifier's (a different, possibly broken, rule): find its own.
+    return _input_law(caller, problem, context, args, emitted_of, law_rows, "bisect", resolution, grid, max_cuts,
+                      margin, seed, determinism_checks)
 
 
 def _reproducer(caller, first_bad, cuts, resolution, grid, max_cuts, margin, seed):

@@ -27,9 +27,10 @@ class MarkovModel:
     Args:
         table: ``[V] * order + [V]`` non-negative rows with positive mass (any scale; kept in its
             dtype, so a float32 table is what a verifier reads).
+        validate: False for a table of logits (what a logits-in verifier reads).
     """
 
-    def __init__(self, table):
+    def __init__(self, table, validate=True):
         self.table = np.ascontiguousarray(table)
         if self.table.ndim < 1 or self.table.shape[-1] < 2:
             raise ValueError(f"table must be [V] * order + [V] with V >= 2, got shape {list(self.table.shape)}")
@@ -38,7 +39,7 @@ class MarkovModel:
         if any(s != self.vocab for s in self.table.shape):
             raise ValueError(f"table must be [V] * order + [V], got shape {list(self.table.shape)}")
         wide = self.table.astype(np.float64)
-        if not np.all(np.isfinite(wide)) or np.any(wide < 0) or np.any(wide.sum(axis=-1) <= 0):
+        if validate and (not np.all(np.isfinite(wide)) or np.any(wide < 0) or np.any(wide.sum(axis=-1) <= 0)):
             raise ValueError("every row of table needs finite non-negative entries and positive mass")
 
     def row(self, context):
@@ -59,6 +60,29 @@ class MarkovModel:
         return f"MarkovModel(V={self.vocab}, order={self.order})"
 
 
+def _composition(rng, vocab, zero=None, tie=False, total=16):
+    """``[V]`` non-negative integers summing to ``total`` (a power of 2), 0 at ``zero``; with
+    ``tie`` the two largest are equal.  Row masses that are powers of 2 keep every ratio of masses,
+    every residual ``p - q P/Q`` and every CDF exact in float32, so a float32 kernel's law is exact
+    to float64 rounding and bisection measures the rule, not the kernel's rounding."""
+    allowed = [t for t in range(vocab) if t != zero]
+    row = np.zeros(vocab)
+    if tie:
+        a = int(rng.integers(total // (2 * len(allowed)) + 1, total // 2 + 1)) if len(allowed) > 2 else total // 2
+        first, second = (int(x) for x in rng.choice(allowed, 2, replace=False))
+        row[first] = row[second] = a
+        rest = [t for t in allowed if t not in (first, second)]
+        left = total - 2 * a
+        if rest and left > 0:
+            row[rest] += rng.multinomial(left, np.ones(len(rest)) / len(rest))
+        elif left > 0:
+            row[first] = row[second] = total // 2
+        return row
+    row[allowed] = 1.0
+    row[allowed] += rng.multinomial(total - len(allowed), np.ones(len(allowed)) / len(allowed))
+    return row
+
+
 def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32):
     """Seeded ``(target, draft)`` :class:`MarkovModel` pairs with every edge a verifier must get
     right (section G of the verification notes): zeros in target and draft, exact ties, draft rows
@@ -72,23 +96,22 @@ def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32):
     for seed in seeds:
         rng = np.random.default_rng(seed)
         shape = (vocab,) * order + (vocab,)
-        target = np.round(rng.random(shape) * 8) / 8 * (rng.random(shape) > 0.25)  # eighths: ties happen
-        draft = np.round(rng.random(shape) * 8) / 8 * (rng.random(shape) > 0.3)
+        target, draft = np.zeros(shape), np.zeros(shape)
         flat_t, flat_d = target.reshape(-1, vocab), draft.reshape(-1, vocab)
         for c in range(flat_t.shape[0]):
-            flat_t[c, rng.integers(vocab)] += 0.5  # positive mass everywhere
-            kind = c % 5
-            if kind == 1:
-                flat_d[c] = flat_t[c] * 2.0  # p = q at another scale
-            elif kind == 2:
-                flat_d[c] = np.eye(vocab)[rng.integers(vocab)]  # a one-hot draft row
-            elif kind == 3:
-                flat_t[c] = 1.0  # a flat target row: every token tied
-                flat_d[c, rng.integers(vocab)] += 0.25
-            elif flat_d[c].sum() == 0 or kind == 4:
-                flat_d[c, rng.integers(vocab)] += 0.25
-            # Masses far from 1 (normalization matters), by powers of 2 so that float32 sums stay
-            # exact and a float32 kernel's law is exact to ~1e-12, not only to its ~1e-7 rounding.
+            kind = (c + 3 * seed) % 5  # seeds 0 and 1 cover every kind at V = 3
+            zero_t, zero_d = (int(z) for z in rng.choice(vocab, 2, replace=False))
+            flat_t[c] = _composition(rng, vocab, zero=zero_t)
+            flat_d[c] = _composition(rng, vocab, zero=zero_d)
+            if kind == 1:  # p = q at another scale
+                flat_d[c] = flat_t[c] * 2.0
+            elif kind == 2:  # a one-hot draft row (on a token the target may not emit)
+                flat_d[c] = np.eye(vocab)[rng.integers(vocab)] * 16.0
+            elif kind == 3:  # exact ties at the top of the target row
+                flat_t[c] = _composition(rng, vocab, zero=None, tie=True)
+            elif kind == 4:  # ties inside the draft row
+                flat_d[c] = _composition(rng, vocab, zero=zero_d, tie=True)
+            # Masses far from 1 (normalization matters), by powers of 2.
             flat_t[c] *= 2.0 ** rng.integers(-10, 11)
             flat_d[c] *= 2.0 ** rng.integers(-10, 11)
         pairs.append((MarkovModel(target.astype(dtype)), MarkovModel(draft.astype(dtype))))
