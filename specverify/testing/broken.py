@@ -18,7 +18,7 @@ import numpy as np
 
 from .models import inverse_cdf
 
-__all__ = ["Broken", "CATALOGUE", "chain_rule", "block_rule", "tree_walk"]
+__all__ = ["Broken", "CATALOGUE", "chain_rule", "block_rule", "block_rule_cuts", "tree_walk", "tree_rule_cuts"]
 
 
 class Broken(NamedTuple):
@@ -150,11 +150,8 @@ def _draft_not_warped(target_logits, draft_logits, draft_tokens, uniforms, *, wa
 # Block verification (notes A.1, A.4, A.5).
 # ---------------------------------------------------------------------------------------------
 
-def block_rule(target_probs, draft_probs, draft_tokens, uniforms, *, variant):
-    """Block verification (Sun et al.) with one of the broken variants of notes A.4:
-    ``"h_equals_p"``, ``"first_failure"`` (vllm-ascend #11985 review), ``"tokenwise_ratio"``
-    (vllm-ascend #7807: token-wise ratio with the longest prefix) or ``"tokenwise_residual"``
-    (block acceptance, token-wise residual: the p_tau scaling omitted)."""
+def _block_parts(target_probs, draft_probs, draft_tokens, variant):
+    """``(h [K], dists [K+1, V], first_failure)`` of block verification or a broken variant."""
     P = _rows(target_probs)
     P = P / P.sum(axis=1, keepdims=True)
     k = len(draft_tokens)
@@ -178,16 +175,65 @@ def block_rule(target_probs, draft_probs, draft_tokens, uniforms, *, variant):
         scale = [1.0] * (k + 1)
     elif variant == "tokenwise_residual":
         scale = [1.0] * (k + 1)
+    dists = []
+    for i in range(k):
+        w = np.maximum(scale[i] * P[i] - Q[i], 0.0)
+        dists.append(w / w.sum() if w.sum() > 0 else P[i])
+    dists.append(P[k])
+    return h, np.array(dists), variant == "first_failure"
+
+
+def block_rule(target_probs, draft_probs, draft_tokens, uniforms, *, variant):
+    """Block verification (Sun et al.) with one of the broken variants of notes A.4:
+    ``"h_equals_p"``, ``"first_failure"`` (vllm-ascend #11985 review), ``"tokenwise_ratio"``
+    (vllm-ascend #7807: token-wise ratio with the longest prefix) or ``"tokenwise_residual"``
+    (block acceptance, token-wise residual: the p_tau scaling omitted)."""
+    h, dists, first_failure = _block_parts(target_probs, draft_probs, draft_tokens, variant)
+    k = len(draft_tokens)
     u = np.asarray(uniforms, dtype=np.float64)
     passes = [u[i] < h[i] for i in range(k)]
-    if variant == "first_failure":
+    if first_failure:
         tau = next((i for i, ok in enumerate(passes) if not ok), k)
     else:
         tau = max([i + 1 for i, ok in enumerate(passes) if ok], default=0)
-    if tau == k:
-        return k, inverse_cdf(P[k], u[k])
-    w = np.maximum(scale[tau] * P[tau] - Q[tau], 0.0)
-    return tau, inverse_cdf(w if w.sum() > 0 else P[tau], u[k])
+    return tau, inverse_cdf(dists[tau], u[k])
+
+
+def block_rule_cuts(variant):
+    """Declared cuts of :func:`block_rule` (``check_exact(cuts=...)``): coin i at ``h_i``, the final
+    draw at the CDF points of every distribution it can end with."""
+    from .models import inverse_cdf_cuts
+
+    def make(target_rows, draft_rows, tokens):
+        h, dists, _ = _block_parts(target_rows, draft_rows, tokens, variant)
+        final = np.concatenate([inverse_cdf_cuts(d) for d in dists])
+        return lambda prefix: [h[len(prefix)]] if len(prefix) < len(tokens) else final
+
+    return make
+
+
+def tree_rule_cuts(node_rule):
+    """Declared cuts of :func:`tree_walk` with ``node_rule``: node i's coin at its acceptance
+    probability, the final draw at the CDF points of every residual and leaf row."""
+    from specverify import law
+
+    from .models import inverse_cdf_cuts
+
+    def make(target_rows, draft_rows, tokens, parents):
+        target = np.asarray(target_rows, dtype=np.float64)
+        cuts = [[] for _ in range(len(tokens) + 1)]
+        for r, kids in enumerate(law.tree_children(np.asarray(parents, dtype=np.int64))):
+            if not kids:
+                cuts[-1].extend(inverse_cdf_cuts(target[r]))
+                continue
+            accept, residual = node_rule(target[r], None if draft_rows is None else np.asarray(draft_rows)[r],
+                                         [int(tokens[i]) for i in kids])
+            for i, a in zip(kids, accept):
+                cuts[i].append(a)
+            cuts[-1].extend(inverse_cdf_cuts(residual))
+        return lambda prefix: cuts[len(prefix)]
+
+    return make
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,10 +380,16 @@ def _chain(name, source, effect, fn, exact=None, rounds=4000, sampled=None, note
                   None if rounds is None else {"kind": "chain", "rounds": rounds, **(sampled or {})}, note)
 
 
-def _tree(name, source, effect, node_rule, rule, rounds=4000):
+def _tree(name, source, effect, node_rule, rule, rounds=4000, vocab=3):
     return Broken(name, "tree", source, effect, _P(tree_walk, node_rule=node_rule),
-                  {"kind": "tree", "tree_rule": rule, "cuts": "bisect"},
-                  {"kind": "tree", "tree_rule": rule, "rounds": rounds})
+                  {"kind": "tree", "tree_rule": rule, "cuts": tree_rule_cuts(node_rule)},
+                  {"kind": "tree", "tree_rule": rule, "rounds": rounds, "vocab": vocab})
+
+
+def _block(name, source, effect, variant, exact=None, rounds=4000, sampled=None):
+    return Broken(name, "block", source, effect, _P(block_rule, variant=variant),
+                  {"kind": "block", "cuts": block_rule_cuts(variant), **(exact or {})},
+                  {"kind": "block", "rounds": rounds, **(sampled or {})})
 
 
 _ENTRIES = [
@@ -380,28 +432,26 @@ _ENTRIES = [
     _chain("padding_read_as_token", "FlashInfer #879 (open PR #3551)", "a -1 padded draft id used as an index: "
            "out-of-bounds read, spurious acceptance", _flashinfer_unguarded, exact={"layout": "flashinfer"},
            sampled={"layout": "flashinfer"}),
-    Broken("block_h_equals_p", "block", "notes A.4", "h_i = p_i (no residual-mass correction)",
-           _P(block_rule, variant="h_equals_p"), {"kind": "block"}, {"kind": "block", "rounds": 4000}),
-    Broken("block_first_failure", "block", "vllm-ascend #11985 review suggestion", "stop at the first failing coin "
-           "with block h_i", _P(block_rule, variant="first_failure"), {"kind": "block"}, {"kind": "block", "rounds": 4000}),
-    Broken("block_tokenwise_ratio", "block", "vllm-ascend #7807 / #7808", "token-wise ratio with the longest "
-           "prefix and token-wise residual", _P(block_rule, variant="tokenwise_ratio"), {"kind": "block"},
-           {"kind": "block", "rounds": 4000}),
-    Broken("block_tokenwise_residual", "block", "notes A.4 (the subtle one: TV ~0.016)", "block acceptance with the "
-           "token-wise residual (p_tau scaling omitted)", _P(block_rule, variant="tokenwise_residual"),
-           {"kind": "block", "k": 3, "drafts": "stochastic"}, {"kind": "block", "k": 3, "rounds": 60_000}),
+    _block("block_h_equals_p", "notes A.4", "h_i = p_i (no residual-mass correction)", "h_equals_p"),
+    _block("block_first_failure", "vllm-ascend #11985 review suggestion", "stop at the first failing coin with "
+           "block h_i", "first_failure"),
+    _block("block_tokenwise_ratio", "vllm-ascend #7807 / #7808", "token-wise ratio with the longest prefix and "
+           "token-wise residual", "tokenwise_ratio"),
+    _block("block_tokenwise_residual", "notes A.4 (the subtle one: TV ~0.016)", "block acceptance with the token-wise "
+           "residual (p_tau scaling omitted)", "tokenwise_residual",
+           exact={"k": 3, "vocab": 4, "drafts": "stochastic"}, rounds=60_000, sampled={"k": 3}),
     _tree("tree_children_against_original_p", "notes B.5", "every child tested against the original p, then one "
           "residual", against_original_p, "with_replacement"),
     _tree("tree_duplicates_merged", "notes B.5/B.6", "with-replacement siblings with repeated tokens merged",
-          duplicates_merged, "with_replacement", rounds=20_000),
+          duplicates_merged, "with_replacement", rounds=6000, vocab=6),
     _tree("tree_q_not_conditioned", "notes B.5", "without-replacement drafts verified with the with-replacement "
-          "residual", unconditioned_q, "without_replacement"),
+          "residual", unconditioned_q, "without_replacement", vocab=4),
     _tree("tree_target_only_double_counting", "notes B.5/B.6", "target-only rule on repeated siblings counts a "
           "token's mass twice", double_counting_target_only, "with_replacement"),
     _tree("tree_target_only_not_renormalized", "specverify tests", "target-only rule tests child j with p(c_j), not "
           "renormalized by the earlier siblings", target_only_not_renormalized, "without_replacement"),
     _tree("tree_sibling_unrenormalized_residual", "specverify tests (issue 39)", "a later sibling tested against "
-          "max(r - q, 0) without renormalizing", sibling_unrenormalized_residual, "with_replacement"),
+          "max(r - q, 0) without renormalizing", sibling_unrenormalized_residual, "with_replacement", vocab=4),
     Broken("greedy_ties_to_last", "greedy", "notes C (tie-break must match plain greedy)", "ties broken to the "
            "highest index", _P(_greedy, argmax=_ties_to_last), {}, None),
     Broken("greedy_signed_zero", "greedy", "verify_greedy contract (-0.0 == 0.0)", "-0.0 ordered below +0.0",

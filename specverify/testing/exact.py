@@ -15,7 +15,8 @@ Bisection (``cuts="bisect"``), for uniform j given the values of the uniforms be
 - the later uniforms are set to each of a few probe vectors (all ``2^-30``, all 0.5, all
   ``1 - 2^-30``, and one seeded random vector); the *signature* of a value x of uniform j is the
   tuple of the verifier's outputs at those probes;
-- the signature is evaluated at ``x = 0`` and at the midpoints of ``grid`` equal cells; wherever
+- the signature is evaluated at ``x = 0``, at the midpoints of ``grid`` equal cells and at
+  ``1 - 2^-30``; wherever
   two neighbours differ, the interval is halved until it is ``resolution`` wide (default
   ``2^-40``), recursing into both halves when the midpoint differs from both ends: each change
   point is located within ``resolution``, so each cut costs at most ``resolution`` of probability;
@@ -81,7 +82,7 @@ def bisect_cuts(op, prefix, n_uniforms, *, grid=16, resolution=2.0 ** -40, max_c
                                 "draw its own randomness, or use the uniform continuously?)")
         return tuple(op(np.concatenate([head, [x], p])) for p in probes)
 
-    xs = [0.0] + [(i + 0.5) / grid for i in range(grid)]
+    xs = [0.0] + [(i + 0.5) / grid for i in range(grid)] + [1.0 - 2.0 ** -30]
     sigs = [signature(x) for x in xs]
     cuts = []
 
