@@ -75,6 +75,7 @@ DEFAULT_OUT = Path("build") / "hub"
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _PACKAGE = _PACKAGE_DIR.name  # "specverify"
 _EXCLUDED = {"integrations/hub.py", "hub.py"}  # the build tool (and its old path) is not part of the kernel
+_EXCLUDED_DIRS = {"testing"}  # the validation harness is a tool for tests, not part of the kernel
 
 
 class HubBuildError(RuntimeError):
@@ -99,7 +100,7 @@ def package_files(package_dir: Path = _PACKAGE_DIR) -> List[Path]:
         rel = path.relative_to(package_dir)
         if not path.is_file() or "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts):
             continue
-        if rel.as_posix() in _EXCLUDED:
+        if rel.as_posix() in _EXCLUDED or rel.parts[0] in _EXCLUDED_DIRS:
             continue
         if path.suffix == ".py" or path.name.endswith(suffixes):
             out.append(rel)

@@ -1,0 +1,15 @@
+"""specverify.testing: prove a verifier lossless (exact mode), test one with its own randomness
+(sampled mode, with its power computed), and the catalogue of known-broken rules (``broken``)."""
+from .exact import LIMITS, bisect_cuts, check_exact
+from .report import Report
+from .sampled import check_sampled, detectable_tv
+
+
+def assert_lossless(report):
+    """Raise ``AssertionError`` with the report unless its verdict is "lossless"."""
+    if not report.passed:
+        raise AssertionError(str(report))
+    return report
+
+
+__all__ = ["check_exact", "check_sampled", "assert_lossless", "bisect_cuts", "detectable_tv", "Report", "LIMITS"]
