@@ -31,6 +31,8 @@ from .verify import (BATCH_METHODS, accept, accept_block, accept_block_from_unif
                      verify_batch, verify_greedy, verify_tree_greedy, warp)
 from .verify import batch  # noqa: F401 (sv.batch: the layouts and converters)
 
+ops = verify  # the old name of the ops module (specverify.ops)
+
 __version__ = "0.2.0"
 
 __all__ = [

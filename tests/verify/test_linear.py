@@ -138,7 +138,7 @@ def eight_lanes(x, w, bias=None):
     lanes = np.zeros((x.shape[0], w.shape[0], 8), np.float32)
     for k in range(0, x.shape[1], 8):
         lanes = lanes + x[:, None, k:k + 8] * w[None, :, k:k + 8]
-    return reference._tree(lanes)
+    return reference.primitives._tree(lanes)
 
 
 def float64_dot(x, w, bias=None):
