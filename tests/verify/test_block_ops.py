@@ -166,7 +166,8 @@ BAD_INPUT_SCRIPT = textwrap.dedent(
 
 def test_bad_inputs_never_crash_the_process():
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here]))  # this tree's specverify
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, here]))  # this tree's specverify
     result = subprocess.run([sys.executable, "-c", BAD_INPUT_SCRIPT], cwd=here, capture_output=True, text=True,
                             timeout=300, env=env)
     assert result.returncode == 0, result.stderr
