@@ -14,6 +14,7 @@ import ast
 import importlib
 import inspect
 import os
+import pkgutil
 import re
 import shutil
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
+
+from sphinx.util.docutils import SphinxDirective  # noqa: E402
 
 import specverify  # noqa: E402  (after the path: the checkout's package, not an installed one)
 
@@ -308,7 +311,27 @@ def _same_object(app, env, node, contnode):
     return None
 
 
+class OtherSubmodules(SphinxDirective):
+    """``.. other-submodules:: package``: an entry (``automodule``) for each public submodule of
+    ``package`` that the page does not document itself, so a module added to the package appears
+    with no page edit. Found from the files (``pkgutil``), so ``__main__`` is never imported."""
+
+    required_arguments = 1
+
+    def run(self):
+        package = importlib.import_module(self.arguments[0])
+        source = Path(self.env.doc2path(self.env.docname)).read_text()
+        listed = set(re.findall(r"automodule::\s*(\S+)", source))
+        lines = []
+        for info in pkgutil.iter_modules(package.__path__):
+            name = f"{package.__name__}.{info.name}"
+            if not info.name.startswith("_") and name not in listed:
+                lines += [f".. automodule:: {name}", ""]
+        return self.parse_text_to_nodes("\n".join(lines)) if lines else []
+
+
 def setup(app):
+    app.add_directive("other-submodules", OtherSubmodules)
     app.connect("autodoc-process-docstring", _note_module)
     app.connect("autodoc-skip-member", _skip_member)
     app.connect("missing-reference", _same_object)
