@@ -137,7 +137,7 @@ def depth_pmf(node_probabilities, parents):
 
 
 def ordered_draws_without_replacement(q, k):
-    """(tokens, probability) of every ordered draw of min(k, |supp q|) distinct tokens from q
+    """(tokens, probability) of every ordered draw of ``min(k, |supp q|)`` distinct tokens from q
     (``q`` a ``[V]`` float64 row; also the draft process of ``specverify.testing``'s exact mode)."""
     k = min(k, int((q > 0).sum()))
 
