@@ -35,6 +35,21 @@ Pieces:
 - :func:`use_grouped_attention`: ``sdpa`` attention that does not copy grouped key/value heads
   out to every query head in multi-token passes (same bits, less time at long contexts).
 
+Threads, interruptions, arguments (every callback over a model, and the tree drafts):
+
+- **One sequence per callbacks pair.** Each :class:`CachedCausalLM` follows one sequence's KV
+  cache. A call entered while another thread is inside one of the same callback raises a
+  RuntimeError at once ("each thread needs its own callbacks"), rather than waiting: two
+  threads taking turns would recompute each other's prefix every round. Build one pair (and one
+  decoder) per thread with :func:`speculative_callbacks`; the pairs may share the models.
+- **Interruption.** A call that does not complete (an exception or ``KeyboardInterrupt`` in a
+  forward, which may leave the cache's layers at different lengths) drops the cache; the next
+  call rebuilds it from its whole sequence, so a rerun gives what an uninterrupted run gives.
+- **Arguments.** Sequences are 1-D integer token ids (lists, arrays or tensors);
+  :class:`CausalLMTarget` carries ``vocab_size`` and ``greedy`` so that the decoder checks token
+  ids and its mode before the first forward. Past ``max_position_embeddings`` a
+  :class:`PositionLimitWarning` is issued (once per cache).
+
 Example::
 
     import specverify as sv
@@ -59,6 +74,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import verify as ops
+from ..kernels import _inputs
 from ..decoding.tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
 
 __all__ = [
@@ -134,6 +150,7 @@ class Sampling:
     min_p: float = 0.0
 
     def __post_init__(self):
+        _inputs.flag(self.greedy, "greedy")  # a string such as "False" would be truthy
         ops.logits._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
 
     def rows(self, logits: torch.Tensor) -> torch.Tensor:
@@ -617,6 +634,7 @@ class PromptLookupDraft:
     up again after it; when nothing matches, fewer than ``k`` tokens (possibly none) are proposed,
     and the round verifies just those. ``probs`` is always ``None`` (a point mass): any
     deterministic proposal is verified exactly. Counter: ``matched`` tokens proposed.
+    It keeps no per-sequence state, so threads may share it (the counter may then miss counts).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
@@ -1018,7 +1036,21 @@ def speculative_callbacks(
     :class:`Sampling` built from ``greedy, temperature, top_k, top_p, min_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
+
+    Accepted types: ``target_model`` a ``transformers`` causal LM; ``greedy`` and ``tree`` bools
+    (a string such as ``"False"`` raises a TypeError); ``temperature > 0``, ``top_k >= 0``,
+    ``0 < top_p <= 1`` and ``0 <= min_p < 1`` numbers; ``generator`` a ``torch.Generator`` or
+    ``None``; ``node_budget`` a positive integer. The target carries ``vocab_size`` and both model
+    callbacks ``greedy``: a decoder whose ``greedy`` differs refuses them when it is built.
+
+    Thread-safety: the pair follows one sequence; a second thread calling a callback while the
+    first is inside it gets a RuntimeError saying each thread needs its own callbacks. Call this
+    function once per thread (the models' weights are shared, not copied).
+
+    Recovery: an exception or ``KeyboardInterrupt`` inside a callback (in a forward, say) drops
+    that callback's KV cache; the next call rebuilds it, and its output is an uninterrupted run's.
     """
+    _inputs.flag(tree, "tree")
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):

@@ -234,6 +234,12 @@ def test_callbacks_declare_vocab_size_and_mode(tiny):
         assert target_step.greedy is greedy and draft_step.greedy is greedy
 
 
+@pytest.mark.parametrize("name,value", [("greedy", "False"), ("greedy", 0), ("tree", "yes")])
+def test_callback_flags_must_be_booleans(tiny, name, value):
+    with pytest.raises(TypeError, match=name):
+        speculative_callbacks(tiny, "prompt_lookup", **{name: value})
+
+
 @pytest.mark.parametrize("built_greedy", [True, False])
 def test_decoder_of_the_other_mode_is_refused_at_construction(tiny, built_greedy):
     draft_step, target_step = speculative_callbacks(tiny, "prompt_lookup", greedy=built_greedy)
