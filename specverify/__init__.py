@@ -1,4 +1,4 @@
-"""specverify: the verification step of speculative decoding, on CPUs.
+"""specverify: the verification step of speculative decoding, on CPUs::
 
     import specverify as sv
     n_accepted, next_token = sv.verify_greedy(target_probs, draft_tokens)          # greedy

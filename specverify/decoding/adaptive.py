@@ -2,9 +2,9 @@
 draft-side confidence stop. Why they keep verification exact.
 
 A policy decides, before each round, how many tokens ``K`` to ask the draft for
-(:meth:`draft_length`), optionally cuts the proposal short while it is being drafted
-(:attr:`stop`, a rule of the draft's confidence in each token it drew), and learns from each
-finished round (:meth:`observe`). The decoder calls nothing else:
+(:meth:`AdaptiveK.draft_length`), optionally cuts the proposal short while it is being drafted
+(``stop``, a rule of the draft's confidence in each token it drew), and learns from each
+finished round (:meth:`AdaptiveK.observe`). The decoder calls nothing else::
 
     policy.begin()                                      # optional: a new sequence starts
     K = policy.draft_length(limit[, context=c])         # 0 <= K <= limit, before drafting
@@ -163,7 +163,7 @@ def ask_policy(policy, limit: int, context_of: Callable[[], Optional[int]], take
                ) -> Tuple[int, Optional[int]]:
     """``(K, context)`` for a round that may draft up to ``limit`` tokens, as the decoder asks:
     no draft and no question when ``limit < 1``; a policy whose ``draft_length`` takes a context
-    (``takes_context``, from :func:`takes_keyword`) is asked with ``context_of()`` (the draft's
+    (``takes_context``, from ``takes_keyword``) is asked with ``context_of()`` (the draft's
     context of the prefix, ``None`` for a draft without one), any other without, and the context
     returned is ``None``."""
     if limit < 1:

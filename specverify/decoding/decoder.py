@@ -69,7 +69,7 @@ class DecodeStats:
 
     @property
     def longest_proposal(self) -> int:
-        """The longest accepted length the rounds could have had: ``min(k, max(drafted))`` (0
+        """The longest accepted length the rounds could have had, ``min(k, max(drafted))`` (0
         before any round). The histograms are sized by it, not by the cap ``k``, which may be
         huge (``k = 10**12`` means "never cut by the policy")."""
         return min(self.k, max(self.drafted, default=0))
@@ -184,12 +184,12 @@ class SpeculativeDecoder:
         Stop right after any of these tokens is emitted: an int, or a list, tuple, set, array or
         tensor of ints (the forms of ``generation_config.eos_token_id``). ``None`` or empty: no stop.
     clock : callable, optional
-        Seconds for the timings in :attr:`stats` (and those an adaptive policy learns from);
+        Seconds for the timings in ``stats`` (and those an adaptive policy learns from);
         default ``time.perf_counter`` (wall clock). ``time.process_time`` counts this process's
         CPU time only, which a shared machine's load disturbs far less (with one torch thread it
         is the wall time of an idle machine).
 
-    After :meth:`generate`, :attr:`stats` (a :class:`DecodeStats`) holds the run's rounds,
+    After :meth:`generate`, ``stats`` (a :class:`DecodeStats`) holds the run's rounds,
     accepted-length histogram, per-round acceptance, tokens per round and timings. It is the
     statistics of the *most recently started* call (filled in as it runs, so after an interruption
     it holds the rounds that completed); ``generate(..., return_stats=True)`` returns each call's
@@ -215,7 +215,7 @@ class SpeculativeDecoder:
 
     Recovery after interruption: an exception or ``KeyboardInterrupt`` raised inside a callback or
     the policy propagates out of :meth:`generate` and leaves the decoder as it was, except for
-    :attr:`stats` (the completed rounds) and the policy's estimates (updated only by completed
+    ``stats`` (the completed rounds) and the policy's estimates (updated only by completed
     rounds); the next call starts afresh. Callbacks that keep state across calls must recover
     theirs: the transformers callbacks do (an interrupted forward drops the KV cache, which the
     next call rebuilds).

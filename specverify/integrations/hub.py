@@ -111,7 +111,7 @@ def absolute_self_imports(package_dir: Path = _PACKAGE_DIR, files: Sequence[Path
                           package: str = _PACKAGE) -> List[Tuple[str, int, str]]:
     """``(file, line, statement)`` for every ``import <package>...`` / ``from <package>... import``.
 
-    Parsed with :mod:`ast`, so examples in docstrings do not count; imports inside functions do.
+    Parsed with ``ast``, so examples in docstrings do not count; imports inside functions do.
     """
     package_dir = Path(package_dir)
     files = package_files(package_dir) if files is None else files

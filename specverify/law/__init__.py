@@ -42,7 +42,7 @@ proposals every round, ``D(m) = c m`` and ``T = 1`` give Leviathan et al.'s Thm 
 ``f(K) = (1 - a^{K+1}) / ((1 - a)(K c + 1))``.
 
 One module per law: :mod:`~specverify.law.chain`, :mod:`~specverify.law.block`,
-:mod:`~specverify.law.tree`, :mod:`~specverify.law.speedup`; every name is also here.
+:mod:`~specverify.law.tree`, ``speedup`` (whose name here is its function); every name is also here.
 """
 
 from .block import BlockLaw, block_gain, block_survival, block_survival_markov, survival_pmf, token_survival, token_survival_markov

@@ -105,10 +105,10 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
 
     Raises:
         TypeError, ValueError, IndexError: as the single ops, and for offsets that do not start at
-        0, decrease, or disagree with ``draft_tokens`` or the row counts; a token outside
-        ``[0, V)`` (the message names the request and position); a generator count other than R;
-        a bad value or zero mass in a row a request reads (the message names the request and the
-        row, globally and within the request).  Nothing is returned when any request fails.
+            0, decrease, or disagree with ``draft_tokens`` or the row counts; a token outside
+            ``[0, V)`` (the message names the request and position); a generator count other than R;
+            a bad value or zero mass in a row a request reads (the message names the request and the
+            row, globally and within the request).  Nothing is returned when any request fails.
     """
     return _kernels.verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
                                  method, has_draft_probs, generator, generators, uniforms,

@@ -78,7 +78,7 @@ def accept(target_probs, draft_probs, draft_tokens, generator=None):
 
     Raises:
         TypeError, ValueError, IndexError: as for ``verify_greedy``, plus NaN, Inf, negative
-        values or zero mass in any row that is read (message names the argument and row).
+            values or zero mass in any row that is read (message names the argument and row).
     """
     return _kernels.accept(target_probs, draft_probs, draft_tokens, generator)
 

@@ -26,7 +26,7 @@ def verify_tree_greedy(target_probs, draft_tokens, parents):
 
     Raises:
         TypeError, ValueError, IndexError: as ``verify_greedy``, plus parents of the wrong length,
-        out of range or not topological (which also rules out cycles).
+            out of range or not topological (which also rules out cycles).
     """
     return _kernels.verify_tree_greedy(target_probs, draft_tokens, parents)
 
@@ -75,8 +75,8 @@ def accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None
 
     Raises:
         TypeError, ValueError, IndexError: as ``accept`` and ``verify_tree_greedy``, plus repeated
-        sibling tokens under the deterministic or without-replacement rule (the message names the
-        node), and a without-replacement draft row with no mass left for a later sibling.
+            sibling tokens under the deterministic or without-replacement rule (the message names the
+            node), and a without-replacement draft row with no mass left for a later sibling.
     """
     return _kernels.accept_tree(target_probs, draft_probs, draft_tokens, parents, generator, None, replacement)
 
