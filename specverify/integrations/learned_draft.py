@@ -39,7 +39,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "LearnedDraft", "LearnedTreeDraft", "HybridDraft"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "HybridDraft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
 
@@ -115,6 +115,10 @@ class FeatureHead(nn.Module):
             self.fc.weight.copy_(torch.cat([eye, eye], dim=1))
             self.fc.bias.zero_()
 
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm (frozen) of features ``[..., d]``."""
+        return _rms_norm(x, self.norm_weight, self.eps)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x [B, heads, T, hd], positions [T]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
@@ -151,7 +155,7 @@ class FeatureHead(nn.Module):
         a = a + self.o_proj(att.transpose(1, 2).reshape(batch, t_new, -1))
         x = _rms_norm(a, self.post_norm, self.eps)
         f = a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, d]
-        logits = torch.nn.functional.linear(_rms_norm(f, self.norm_weight, self.eps), self.head)  # [B, T, V_r]
+        logits = torch.nn.functional.linear(self.final_norm(f), self.head)  # [B, T, V_r]
         return f, logits, (k, v)
 
     def own_state(self) -> dict:
@@ -197,3 +201,198 @@ def metadata(path=None) -> dict:
 
     with safe_open(str(Path(path) if path is not None else DEFAULT_WEIGHTS), "pt") as f:
         return json.loads((f.metadata() or {}).get("specverify", "{}"))
+
+
+# -- drafting ------------------------------------------------------------------------------------
+def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    m = min(a.numel(), b.numel())
+    differ = torch.nonzero(a[:m] != b[:m])
+    return int(differ[0, 0]) if differ.numel() else m
+
+
+class HiddenTap:
+    """The target's last-layer hidden states of the sequence its KV cache holds.
+
+    Two hooks on the target model: a forward pre-hook on the model records where each forward
+    starts (the length its cache already holds) and the token ids it feeds; one on its final norm
+    keeps the norm's input ``[T, d]``. :meth:`features` applies the forwards in order and returns
+    ``(hidden [M, d], tokens [M])``: ``hidden[t]`` is ``h_t`` of the sequence ``tokens`` (a function of
+    ``tokens[: t + 1]`` only, so it holds for any sequence sharing that prefix). A forward over
+    another cache than the one before starts over; a tree forward (explicit positions) keeps only
+    the prefix before it; batched forwards are ignored (``lm``'s forwards have batch 1).
+    """
+
+    def __init__(self, lm):
+        self.lm = lm
+        model = lm.model
+        self.hidden = torch.empty(0, model.config.hidden_size)  # [M, d]
+        self.tokens = torch.empty(0, dtype=torch.int64)  # [M]
+        self._cache = None  # the cache of the forwards applied so far (by identity)
+        self._pending = []  # [cache, start, ids [T], is_tree, rows [T, d] or None] per forward
+        self._handles = [model.register_forward_pre_hook(self._start, with_kwargs=True),
+                         model.model.norm.register_forward_pre_hook(self._keep)]
+
+    def _start(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if ids is None or ids.shape[0] != 1:
+            return
+        start = cache.get_seq_length() if cache is not None else 0
+        self._pending.append([cache, start, ids[0].detach().clone(), kwargs.get("position_ids") is not None, None])
+
+    def _keep(self, module, args) -> None:
+        if self._pending and self._pending[-1][4] is None:  # the first norm call after the model's start
+            self._pending[-1][4] = args[0][0].detach().float()
+
+    def remove(self) -> None:
+        """Take the hooks off the target."""
+        for handle in self._handles:
+            handle.remove()
+
+    def features(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden [M, d], tokens [M])`` after the target's forwards so far."""
+        for cache, start, ids, is_tree, rows in self._pending:
+            known = self.tokens.numel() if cache is self._cache and cache is not None else 0
+            self._cache = cache
+            if rows is None or is_tree or start > known or rows.shape[0] != ids.numel():
+                keep = min(known, start)  # what this forward did not touch
+                self.hidden, self.tokens = self.hidden[:keep], self.tokens[:keep]
+                continue
+            self.hidden = torch.cat([self.hidden[:start], rows])
+            self.tokens = torch.cat([self.tokens[:start], ids])
+        self._pending = []
+        return self.hidden, self.tokens
+
+
+class LearnedDraft:
+    """``draft_step(prefix, k, stop=None) -> (tokens [j], probs [j, V] or None)`` from a
+    :class:`FeatureHead` reading the target's own hidden states (EAGLE), j <= k.
+
+    ``target`` is the :class:`~specverify.integrations.transformers.CausalLMTarget` that verifies
+    (its cache and hidden states are shared: the draft reads ``h_t`` of every position the target
+    has scored). When the target has not seen the prefix yet (the first round), the draft runs it
+    over the prefix first (the target's next call reuses that cache). The draft keeps its own
+    cache of the true pairs ``(h_t, x_{t+1})`` across rounds and feeds only the new ones; drafted
+    pairs are dropped after each round. Greedy (``sampling.greedy``): tokens are argmaxes over the
+    reduced vocabulary and ``probs`` is None. Sampling: ``probs[i]`` is the draft's row ``q_i``
+    ``[V]`` (``sampling``'s warp over the reduced vocabulary, zero outside it) and ``tokens[i]`` is
+    drawn from it with ``generator``. ``stop(i, confidence)`` as in
+    :class:`~specverify.integrations.transformers.CausalLMDraft`. Counters: ``steps`` (draft
+    forwards), ``proposed`` (tokens); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at a time, as the target).
+    """
+
+    def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None):
+        self.head = head
+        self.lm = target.lm
+        self.sampling = target.sampling
+        self.greedy = bool(self.sampling.greedy)
+        self.vocab_size = int(head.embed.shape[0])
+        self.generator = generator
+        self.tap = HiddenTap(self.lm)
+        self._past = None  # (keys, values) [1, kv, P, hd] of the true pairs 0 .. P-1
+        self._pair_tokens = torch.empty(0, dtype=torch.int64)  # tokens 0 .. P the pairs were built on
+        self.steps = 0
+        self.proposed = 0
+
+    def _sync(self, seq: torch.Tensor):
+        """Feed the true pairs up to ``N - 2`` (``N = len(seq)``); return the last one's ``(f [d], logits [V_r])``."""
+        n = seq.numel()
+        hidden, known = self.tap.features()
+        if _common_prefix(known, seq) < n - 1:  # the target has not scored this prefix: let it
+            self.lm.reset()  # (from scratch: positions its cache holds may be unknown to the tap)
+            self.lm.logits(seq, 1)
+            hidden, known = self.tap.features()
+        pairs = n - 1
+        keep = max(0, min(_common_prefix(self._pair_tokens, seq) - 1, pairs - 1))
+        past = None
+        if keep and self._past is not None:
+            past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
+        feats = hidden[keep:pairs][None]  # [1, T, d]
+        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past)
+        self._pair_tokens = seq[: pairs + 1].clone()
+        self.steps += 1
+        return f[0, -1], logits[0, -1]
+
+    @torch.inference_mode()
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+        seq = torch.as_tensor(prefix).reshape(-1).to(torch.int64)
+        n = seq.numel()
+        if n < 2:  # a pair needs a token after a position
+            return seq[:0], None
+        f, z = self._sync(seq)
+        past = self._past
+        ids = self.head.vocab_ids
+        tokens = torch.empty(k, dtype=torch.int64)
+        probs = None if self.greedy else torch.zeros(k, self.vocab_size, dtype=torch.float32)
+        logits = torch.empty(k, z.numel())
+        drawn = k
+        for i in range(k):
+            logits[i] = z
+            if self.greedy:
+                j = int(torch.argmax(z))
+                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None else 1.0
+            else:
+                row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
+                j = int(torch.multinomial(row, 1, generator=self.generator))
+                probs[i, ids] = row
+                confidence = float(row[j] / row.sum())
+            tokens[i] = ids[j]
+            if stop is not None and stop(i, confidence):
+                drawn = i + 1
+                break
+            if i + 1 < k:  # the next pair: the draft's own feature and the token just drafted
+                f3, z3, past = self.head(f[None, None], tokens[i : i + 1][None], torch.tensor([n - 1 + i]), past=past)
+                f, z = f3[0, -1], z3[0, -1]
+                self.steps += 1
+        self.proposed += drawn
+        self.last_logits = logits[:drawn]  # [j, V_r] (diagnostics)
+        return tokens[:drawn].clone(), None if probs is None else probs[:drawn].clone()
+
+
+class HybridDraft:
+    """A trusted prompt-lookup match first, the learned draft otherwise.
+
+    ``lookup`` is a :class:`~specverify.integrations.transformers.PromptLookupDraft`; its proposal
+    is taken when its match is of order at least ``min_ngram`` and not contradicted
+    (:meth:`PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
+    same token as the copied one), where copying is nearly always right; otherwise ``learned``
+    drafts. Both proposals verify exactly (a lookup proposal is a point mass). Counters:
+    ``lookup_rounds``, ``learned_rounds``.
+    """
+
+    def __init__(self, learned: LearnedDraft, lookup, min_ngram: int = 2):
+        self.learned = learned
+        self.lookup = lookup
+        self.min_ngram = int(min_ngram)
+        self.greedy = learned.greedy
+        self.vocab_size = learned.vocab_size
+        self.lookup_rounds = 0
+        self.learned_rounds = 0
+
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+        context = self.lookup.context(prefix)
+        if self.min_ngram <= context <= self.lookup.max_ngram:
+            tokens, _ = self.lookup(prefix, k)
+            if tokens.numel():
+                self.lookup_rounds += 1
+                return tokens, None  # a point mass: verified exactly in either mode
+        self.learned_rounds += 1
+        return self.learned(prefix, k, stop=stop)
+
+
+def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                      generator: Optional[torch.Generator] = None):
+    """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
+    draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
+    (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
+    :func:`~specverify.integrations.transformers.speculative_callbacks`."""
+    from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
+
+    head = head if head is not None else load(target_model)
+    sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    target_step = CausalLMTarget(target_model, sampling)
+    draft_step = LearnedDraft(head, target_step, generator=generator)
+    if hybrid:
+        draft_step = HybridDraft(draft_step, PromptLookupDraft())
+    return draft_step, target_step
