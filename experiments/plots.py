@@ -120,7 +120,8 @@ def convergence_frames(accepted: np.ndarray, summary: dict, frames: int = 60, *,
 
 
 def write_gif(frames, path: Path, frame_ms: int = 90, hold_ms: int = 3000) -> int:
-    """Write frames as a looping GIF (last frame held ``hold_ms``); returns the file size in bytes."""
+    """Write frames as a looping GIF (last frame held ``hold_ms``; one frame is a still GIF);
+    returns the file size in bytes."""
     import imageio.v3 as iio
     from PIL import Image
 
@@ -130,7 +131,10 @@ def write_gif(frames, path: Path, frame_ms: int = 90, hold_ms: int = 3000) -> in
     pframes = [np.asarray(Image.fromarray(f).quantize(palette=pal, dither=Image.Dither.NONE)) for f in frames]
     palette = np.asarray(pal.getpalette()[: 3 * 64], dtype=np.uint8).reshape(-1, 3)
     rgb = [palette[f] for f in pframes]
-    durations = [frame_ms] * (len(rgb) - 1) + [hold_ms]
+    if not rgb:
+        raise ValueError("write_gif needs at least one frame")
+    # Pillow takes a list of durations for several frames only: one frame gets one number
+    durations = [frame_ms] * (len(rgb) - 1) + [hold_ms] if len(rgb) > 1 else hold_ms
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, np.stack(rgb), extension=".gif", duration=durations, loop=0, optimize=True)

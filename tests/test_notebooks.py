@@ -43,6 +43,11 @@ def test_committed_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
+    rendered = ROOT / "docs" / "_build" / "html" / "notebooks" / f"{path.stem}.html"
+    if os.environ.get("CI") == "true" and rendered.is_file() and rendered.stat().st_mtime >= path.stat().st_mtime:
+        # .ci/run's docs stage executed it minutes ago (a failing cell fails that build) and
+        # tests/test_docs.py checks the rendered outputs: running it twice costs CI minutes only.
+        pytest.skip("executed by this CI run's docs build")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("SPECVERIFY_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("SPECVERIFY_MEDIA", str(tmp_path / "media"))

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -79,10 +81,12 @@ def save(result: dict, params: dict, directory: Path, wall_s: float) -> dict:
     summary = {key: val for key, val in result.items() if key not in arrays}
     summary.update(params=params, metadata=meta, compute_s=wall_s, experiment=EXPERIMENT,
                    key=paths.params_key(EXPERIMENT, params))
-    df = pd.DataFrame({"round": np.arange(1, len(result["accepted"]) + 1),
-                       "n_accepted": result["accepted"], "emitted_token": result["emitted"]})
-    for i in range(result["draft_tokens"].shape[1]):
-        df[f"draft_t{i}"] = result["draft_tokens"][:, i]
+    draft_tokens = np.asarray(result["draft_tokens"])  # [rounds, k]
+    # one frame from one block: adding the k draft columns one at a time costs O(k^2) in pandas
+    df = pd.concat([pd.DataFrame({"round": np.arange(1, len(result["accepted"]) + 1),
+                                  "n_accepted": result["accepted"], "emitted_token": result["emitted"]}),
+                    pd.DataFrame(draft_tokens, columns=[f"draft_t{i}" for i in range(draft_tokens.shape[1])])],
+                   axis=1)
     tmp = directory / "rounds.csv.tmp"
     with open(tmp, "w") as fh:
         fh.write("# specverify convergence experiment: one row per verification round\n")
@@ -150,24 +154,53 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _number(kind, name: str, low=None, high=None, low_open=False, high_open=False):
+    """An argparse ``type`` reading a finite ``kind`` (int or float) in a range; argparse's error
+    names the option (``argument --k: must be >= 1, got '0'``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if kind is float and not np.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        below = low is not None and (value <= low if low_open else value < low)
+        above = high is not None and (value >= high if high_open else value > high)
+        if below or above:
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+            raise argparse.ArgumentTypeError(f"must be {' and '.join(x for x in (lo, hi) if x)}, got {text!r}")
+        return value
+    parse.__name__ = name  # argparse's fallback message says "invalid <name> value"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m experiments.convergence", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = DEFAULTS
-    ap.add_argument("--k", type=int, default=d["k"], help="draft tokens per round (default %(default)s)")
-    ap.add_argument("--vocab", type=int, default=d["vocab"], help="vocabulary size V (default %(default)s)")
-    ap.add_argument("--rounds", type=int, default=d["rounds"], help="verification rounds (default %(default)s)")
+    ap.add_argument("--k", type=_number(int, "--k", 1), default=d["k"],
+                    help="draft tokens per round, >= 1 (default %(default)s)")
+    ap.add_argument("--vocab", type=_number(int, "--vocab", 2), default=d["vocab"],
+                    help="vocabulary size V, >= 2 (default %(default)s)")
+    ap.add_argument("--rounds", type=_number(int, "--rounds", 1), default=d["rounds"],
+                    help="verification rounds, >= 1 (default %(default)s)")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--acceptance", type=float, default=d["acceptance"],
-                   help="target mean per-position acceptance; the draft knob is calibrated (default %(default)s)")
-    g.add_argument("--mismatch", type=float, default=None,
-                   help="the draft family's knob directly (noise sigma, or mixture weight)")
+    g.add_argument("--acceptance", type=_number(float, "--acceptance", 0.0, 1.0, True, True), default=d["acceptance"],
+                   help="target mean per-position acceptance in (0, 1); the draft knob is calibrated "
+                        "(default %(default)s)")
+    g.add_argument("--mismatch", type=_number(float, "--mismatch", 0.0), default=None,
+                   help="the draft family's knob directly: noise sigma >= 0, or a weight in [0, 1] "
+                        "(mixture, argmax)")
     ap.add_argument("--family", choices=synthetic.FAMILIES, default=None,
                     help="draft family (default: noise; argmax with --greedy)")
-    ap.add_argument("--temperature", type=float, default=d["temperature"], help="target logit temperature")
-    ap.add_argument("--seed", type=int, default=d["seed"], help="seed (default %(default)s)")
+    ap.add_argument("--temperature", type=_number(float, "--temperature", 0.0, low_open=True),
+                    default=d["temperature"], help="target logit temperature, > 0")
+    ap.add_argument("--seed", type=_number(int, "--seed", 0), default=d["seed"],
+                    help="seed, an integer >= 0 (default %(default)s)")
     ap.add_argument("--greedy", action="store_true", help="verify_greedy instead of accept")
-    ap.add_argument("--frames", type=int, default=60, help="GIF frames (default %(default)s)")
+    ap.add_argument("--frames", type=_number(int, "--frames", 1), default=60,
+                    help="GIF frames, >= 1 (1: a still GIF; default %(default)s)")
     ap.add_argument("--out", type=Path, default=paths.MEDIA_DIR, help="figure directory (default: media/)")
     ap.add_argument("--results", type=Path, default=paths.RESULTS_DIR, help="results cache (default: results/)")
     ap.add_argument("--force", action="store_true", help="recompute even if cached")
@@ -175,8 +208,34 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _writable_directory(path: Path) -> Optional[str]:
+    """Why ``path`` cannot be a directory to write into (``None``: it can); creates it if needed."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    return None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parsed and checked options: every bad value is an argparse error naming its option,
+    before anything is computed (the output directories included)."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    family = args.family or ("argmax" if args.greedy else "noise")
+    if args.mismatch is not None and family != "noise" and args.mismatch > 1.0:
+        ap.error(f"--mismatch is the {family} draft's weight, which must be in [0, 1], got {args.mismatch}")
+    for option, path in (("--out", args.out), ("--results", args.results)):
+        problem = _writable_directory(path)
+        if problem is not None:
+            ap.error(f"{option} {str(path)!r} is not a writable directory: {problem}")
+    return args
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     params = make_params(k=args.k, vocab=args.vocab, rounds=args.rounds, acceptance=args.acceptance,
                          mismatch=args.mismatch, family=args.family, temperature=args.temperature,
                          seed=args.seed, greedy=args.greedy)
@@ -188,7 +247,8 @@ def main(argv=None) -> int:
     t2 = time.perf_counter()
     print(format_summary(summary))
     print(f"results: {directory} ({'cached' if cached else f'computed in {t1 - t0:.2f} s'})")
-    print(f"wrote {fig['gif']} ({fig['gif_bytes'] / 1024:.0f} KiB, {fig['frames']} frames) and {fig['png']} "
+    frames = f"{fig['frames']} frame{'s' if fig['frames'] != 1 else ''}"
+    print(f"wrote {fig['gif']} ({fig['gif_bytes'] / 1024:.0f} KiB, {frames}) and {fig['png']} "
           f"in {t2 - t1:.2f} s")
     return 0
 

@@ -35,6 +35,21 @@ Pieces:
 - :func:`use_grouped_attention`: ``sdpa`` attention that does not copy grouped key/value heads
   out to every query head in multi-token passes (same bits, less time at long contexts).
 
+Threads, interruptions, arguments (every callback over a model, and the tree drafts):
+
+- **One sequence per callbacks pair.** Each :class:`CachedCausalLM` follows one sequence's KV
+  cache. A call entered while another thread is inside one of the same callback raises a
+  RuntimeError at once ("each thread needs its own callbacks"), rather than waiting: two
+  threads taking turns would recompute each other's prefix every round. Build one pair (and one
+  decoder) per thread with :func:`speculative_callbacks`; the pairs may share the models.
+- **Interruption.** A call that does not complete (an exception or ``KeyboardInterrupt`` in a
+  forward, which may leave the cache's layers at different lengths) drops the cache; the next
+  call rebuilds it from its whole sequence, so a rerun gives what an uninterrupted run gives.
+- **Arguments.** Sequences are 1-D integer token ids (lists, arrays or tensors);
+  :class:`CausalLMTarget` carries ``vocab_size`` and ``greedy`` so that the decoder checks token
+  ids and its mode before the first forward. Past ``max_position_embeddings`` a
+  :class:`PositionLimitWarning` is issued (once per cache).
+
 Example::
 
     import specverify as sv
@@ -47,15 +62,19 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
+import threading
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 
 from .. import verify as ops
+from ..kernels import _inputs
 from ..decoding.tree_drafts import DraftTree, Trie, ancestor_mask, check_parents, depths, path_to
 
 __all__ = [
@@ -64,6 +83,7 @@ __all__ = [
     "WarpLogitsProcessor",
     "transformers_warpers",
     "CachedCausalLM",
+    "PositionLimitWarning",
     "CausalLMTarget",
     "CausalLMDraft",
     "PromptLookupDraft",
@@ -130,6 +150,7 @@ class Sampling:
     min_p: float = 0.0
 
     def __post_init__(self):
+        _inputs.flag(self.greedy, "greedy")  # a string such as "False" would be truthy
         ops.logits._warp_settings(self.temperature, self.top_k, self.top_p, self.min_p)  # raises if bad
 
     def rows(self, logits: torch.Tensor) -> torch.Tensor:
@@ -191,6 +212,43 @@ def _as_tokens(x) -> torch.Tensor:
     return torch.as_tensor(x).reshape(-1).to(torch.int64)
 
 
+class PositionLimitWarning(UserWarning):
+    """A sequence went past the model's ``max_position_embeddings``: its outputs there are
+    extrapolation (``generate`` warns likewise). Issued once per :class:`CachedCausalLM`."""
+
+
+class _ExclusiveUse:
+    """A re-entrant lock taken without waiting: a second thread entering raises at once.
+
+    Why not wait: a callbacks pair follows one sequence's KV cache, so two threads taking turns
+    would recompute each other's whole prefix every round; they need a pair each, and say so.
+    """
+
+    def __init__(self, owner: str):
+        self.owner = owner
+        self._lock = threading.RLock()
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(
+                f"{self.owner} is in use by another thread: a callbacks pair follows one sequence's KV cache, "
+                f"so each thread needs its own callbacks (call speculative_callbacks once per thread; the "
+                f"models' weights may be shared)")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
+def _exclusive(method):
+    """Run a :class:`CachedCausalLM` method under :meth:`CachedCausalLM.exclusive`."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        with self.exclusive():
+            return method(self, *args, **kwargs)
+    return guarded
+
+
 class CachedCausalLM:
     """A causal LM and one KV cache that follows a sequence which may be rolled back.
 
@@ -202,11 +260,27 @@ class CachedCausalLM:
     continues with (:meth:`compact`: the accepted path's entries move into place, the rejected
     branches are dropped) and so continues without recomputing it. Counters: ``forward_calls``,
     ``forward_tokens`` (tokens fed), ``rolled_back`` (cache entries dropped), ``reused_tree``
-    (tree entries kept by compaction).
+    (tree entries kept by compaction), ``dropped`` (caches dropped after an interrupted call).
+
+    Recovery after interruption: a call that does not complete (an exception or
+    ``KeyboardInterrupt`` inside the model's forward, or anywhere else in the call) drops the
+    cache, whose layers may then hold different lengths; the next call rebuilds it from its
+    whole sequence, so its output is what an uninterrupted run gives.
+
+    Thread-safety: one sequence at a time. A call entered while another thread is inside one
+    raises a RuntimeError at once (nothing waits, nothing is corrupted); give each thread its own
+    instance (instances may share one model).
+
+    Sequences are 1-D integer token ids (a list, array or tensor, ``[L]``; the decoder checks
+    them, and this class reads them with ``reshape(-1)``). Past ``model.config.max_position_embeddings``
+    positions a :class:`PositionLimitWarning` is issued, once per instance.
     """
 
     def __init__(self, model):
         self.model = model
+        self.max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self._warned_positions = False
+        self._in_use = _ExclusiveUse(f"{type(self).__name__} over {type(model).__name__}")
         params = inspect.signature(model.forward).parameters
         # transformers 5.x renamed past_key_values= to cache=; accept both.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -222,6 +296,39 @@ class CachedCausalLM:
         self.forward_tokens = 0
         self.rolled_back = 0
         self.reused_tree = 0
+        self.dropped = 0
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """Hold this cache for one call (or one callback's several calls): a RuntimeError if
+        another thread holds it; if the block does not complete, the cache is dropped."""
+        with self._in_use:  # refused before the try: a refused thread must not drop the holder's cache
+            try:
+                yield self
+            except BaseException:
+                self._drop_cache()
+                raise
+
+    def _drop_cache(self) -> None:
+        """Forget the cache but keep the counters: an interrupted forward may have grown some
+        layers and not others, and a pending tree's entries may be half compacted."""
+        if self.cache is None and self.tree is None:
+            return  # nothing held (or dropped already, by a nested block)
+        self.cache = None
+        self.tokens = self.tokens[:0]
+        self.tree = None
+        self.dropped += 1
+
+    def _check_positions(self, n_positions: int) -> None:
+        """Warn (once) when the forward reaches past ``max_position_embeddings``."""
+        limit = self.max_positions
+        if self._warned_positions or not isinstance(limit, int) or n_positions <= limit:
+            return
+        self._warned_positions = True
+        warnings.warn(
+            f"the sequence reaches {n_positions} positions, past the model's max_position_embeddings "
+            f"({limit}): outputs past it are extrapolation and may be unreliable (warned once per cache)",
+            PositionLimitWarning, stacklevel=2)
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -241,6 +348,7 @@ class CachedCausalLM:
         self.tokens = self.tokens[:keep]
         self.rolled_back += drop
 
+    @_exclusive
     @torch.inference_mode()
     def compact(self, path) -> None:
         """Keep the pending tree's nodes ``path`` (root first, a root-to-node path) and drop the rest.
@@ -310,6 +418,7 @@ class CachedCausalLM:
         self.forward_tokens += fed.numel()
         return out.logits[0, -n_rows:].float()
 
+    @_exclusive
     @torch.inference_mode()
     def logits(self, seq: torch.Tensor, n_last: int) -> torch.Tensor:
         """Float32 logits ``[n_last, V]`` of the last ``n_last`` positions of ``seq`` ``[L]``.
@@ -320,11 +429,13 @@ class CachedCausalLM:
         length = seq.numel()
         if not 1 <= n_last <= length:
             raise ValueError(f"n_last must be in [1, {length}] for a sequence of {length} tokens, got {n_last}")
+        self._check_positions(length)
         keep = self._sync(seq, length - n_last)
         rows = self._forward(seq[keep:], n_last, length)
         self.tokens = seq.clone()  # seq may view the decoder's buffer
         return rows
 
+    @_exclusive
     @torch.inference_mode()
     def tree_logits(self, prefix: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N + 1, V]`` of a draft tree after ``prefix`` ``[L]``, in one forward.
@@ -364,6 +475,7 @@ class CachedCausalLM:
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         positions = torch.cat([torch.arange(keep, length), length - 1 + depths(parents)[old:]])
+        self._check_positions(int(positions.max()) + 1 if positions.numel() else length)
         rows = self._forward(torch.cat([prefix[keep:], tokens[old:]]), new + (not grown),
                              length + n_nodes, attention_mask=mask[None, None], position_ids=positions[None])
         if grown:
@@ -410,18 +522,40 @@ class CausalLMTarget:
     ``parents=None``: ``proposed`` is a chain. Otherwise ``proposed [N]`` and ``parents [N]`` are a
     draft tree, scored by :meth:`CachedCausalLM.tree_logits` (rows ``[N + 1, V]``, row ``i + 1``
     after node ``i``); the next call keeps the cache entries of the path it continues with.
+    ``prefix``, ``proposed`` and ``parents`` are 1-D integer sequences (lists, arrays or tensors).
+
+    Attributes the decoder reads: ``vocab_size`` (the width of the rows, the model's output
+    layer: token ids are checked against it before any forward) and ``greedy`` (the mode its
+    :class:`Sampling` makes rows for: raw logits when True, probabilities when False; a decoder
+    of the other mode refuses it). Thread-safety, recovery: as :class:`CachedCausalLM`.
     """
 
     def __init__(self, model, sampling: Sampling = Sampling()):
         self.lm = CachedCausalLM(model)
         self.sampling = sampling
+        self.vocab_size = _output_width(model)
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.greedy
 
     def __call__(self, prefix: torch.Tensor, proposed: torch.Tensor, parents=None) -> torch.Tensor:
-        proposed = _as_tokens(proposed)  # [m]
-        if parents is not None:
-            return self.sampling.rows(self.lm.tree_logits(prefix, proposed, parents))  # [N + 1, V]
-        seq = torch.cat([_as_tokens(prefix), proposed])
-        return self.sampling.rows(self.lm.logits(seq, proposed.numel() + 1))  # [m + 1, V]
+        with self.lm.exclusive():
+            proposed = _as_tokens(proposed)  # [m]
+            if parents is not None:
+                return self.sampling.rows(self.lm.tree_logits(prefix, proposed, parents))  # [N + 1, V]
+            seq = torch.cat([_as_tokens(prefix), proposed])
+            return self.sampling.rows(self.lm.logits(seq, proposed.numel() + 1))  # [m + 1, V]
+
+
+def _output_width(model) -> Optional[int]:
+    """The number of logits a forward returns per position: the output layer's width, else the
+    config's ``vocab_size`` (``None`` if neither is known)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    width = getattr(head, "out_features", None)
+    if width is None:
+        width = getattr(getattr(model, "config", None), "vocab_size", None)
+    return width if isinstance(width, int) and width > 0 else None
 
 
 class CausalLMDraft:
@@ -430,6 +564,9 @@ class CausalLMDraft:
     Tokens are drawn one at a time (k forward passes, the KV cache carried between them and
     across rounds). In sampling mode ``probs[i]`` is the warped row ``tokens[i]`` was drawn from
     with ``generator``; in greedy mode tokens are argmaxes and ``probs`` is ``None``.
+    ``greedy`` (read by the decoder, which refuses a draft of the other mode) is its
+    :class:`Sampling`'s. Thread-safety, recovery: as :class:`CachedCausalLM`, for the whole call
+    (its ``k`` forwards).
     """
 
     def __init__(self, model, sampling: Sampling = Sampling(), generator: Optional[torch.Generator] = None):
@@ -437,11 +574,18 @@ class CausalLMDraft:
         self.sampling = sampling
         self.generator = generator
 
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.greedy
+
     def __call__(self, prefix: torch.Tensor, k: int, stop=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``stop(i, confidence) -> bool`` (a draft-side rule, see :mod:`specverify.adaptive`): after
         drawing token ``i``, with ``confidence`` its probability under the draft (softmax of the
         logits in greedy mode), stop drafting if it says so; the token is kept."""
-        seq = _as_tokens(prefix)
+        with self.lm.exclusive():  # held across the k forwards: another thread would refetch the prefix each time
+            return self._draw(_as_tokens(prefix), k, stop)
+
+    def _draw(self, seq: torch.Tensor, k: int, stop) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         tokens = torch.empty(k, dtype=torch.int64)  # [k]
         probs = None  # [k, V]
         drawn = k
@@ -490,6 +634,7 @@ class PromptLookupDraft:
     up again after it; when nothing matches, fewer than ``k`` tokens (possibly none) are proposed,
     and the round verifies just those. ``probs`` is always ``None`` (a point mass): any
     deterministic proposal is verified exactly. Counter: ``matched`` tokens proposed.
+    It keeps no per-sequence state, so threads may share it (the counter may then miss counts).
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
@@ -568,6 +713,9 @@ class PromptLookupTreeDraft:
     So a copy task proposes from its first shared token while open-ended text, whose matches miss,
     soon stops proposing after them. The decision depends only on the prefix (the counts restart when
     a prefix does not extend the previous one), so output stays exact in both modes.
+
+    Thread-safety: the hindsight counts follow one sequence; a call entered while another thread
+    is inside one raises a RuntimeError (give each thread its own draft).
     """
 
     def __init__(self, node_budget: int = 16, max_ngram: int = 3, min_ngram: int = 2, threshold: float = 0.4):
@@ -587,6 +735,7 @@ class PromptLookupTreeDraft:
         self._start = 0
         self.seen = [0] * (max_ngram + 1)  # [order]: committed tokens whose longest match had this order
         self.right = [0] * (max_ngram + 1)  # [order]: ... and whose chain proposal started with them
+        self._in_use = _ExclusiveUse(type(self).__name__)
 
     def _order(self, seq: torch.Tensor) -> Tuple[int, List[int]]:
         """The longest match ``(n, starts)`` a proposal would follow; ``(0, [])`` for none or an ambiguous unigram."""
@@ -620,8 +769,11 @@ class PromptLookupTreeDraft:
             for start in suffix_matches(seq, n):
                 yield seq[start + n : start + n + k]
 
-    def __call__(self, prefix: torch.Tensor, k: int):
-        seq = _as_tokens(prefix)
+    def __call__(self, prefix: torch.Tensor, k: int) -> DraftTree:
+        with self._in_use:
+            return self._propose(_as_tokens(prefix), k)
+
+    def _propose(self, seq: torch.Tensor, k: int) -> DraftTree:
         self._update_hindsight(seq)
         trie = Trie(self.node_budget)
         if not self.proposes(seq):
@@ -646,6 +798,7 @@ class CausalLMTreeDraft:
     (ancestors score at least as high as their children, so the kept set is a tree). Children are
     deterministic (``probs=None``, verified by sample-and-match), so sampling stays exact whatever
     the draft. Probabilities are the draft's softmax at ``temperature`` (a ranking, not a law).
+    Thread-safety, recovery: as :class:`CachedCausalLM`, for the whole call.
     """
 
     def __init__(self, model, node_budget: int = 16, top_k: int = 4, beam: int = 4, temperature: float = 1.0):
@@ -656,8 +809,11 @@ class CausalLMTreeDraft:
         self.lm = CachedCausalLM(model)
         self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
 
-    def __call__(self, prefix: torch.Tensor, k: int):
-        prefix = _as_tokens(prefix)
+    def __call__(self, prefix: torch.Tensor, k: int) -> DraftTree:
+        with self.lm.exclusive():  # held across the k levels' forwards
+            return self._grow(_as_tokens(prefix), k)
+
+    def _grow(self, prefix: torch.Tensor, k: int) -> DraftTree:
         tokens, parents, scores = [], [], []  # every candidate node: [C] token, parent, log path probability
         expanded = []  # candidates in the grown tree, in growth order (their index there = position here)
         rows = self.lm.tree_logits(prefix, prefix[:0], prefix[:0])  # [1, V]
@@ -880,7 +1036,21 @@ def speculative_callbacks(
     :class:`Sampling` built from ``greedy, temperature, top_k, top_p, min_p`` is shared by the target
     and a model draft. ``generator`` drives the draft's own draws (not the verification's: give
     the decoder its own generator).
+
+    Accepted types: ``target_model`` a ``transformers`` causal LM; ``greedy`` and ``tree`` bools
+    (a string such as ``"False"`` raises a TypeError); ``temperature > 0``, ``top_k >= 0``,
+    ``0 < top_p <= 1`` and ``0 <= min_p < 1`` numbers; ``generator`` a ``torch.Generator`` or
+    ``None``; ``node_budget`` a positive integer. The target carries ``vocab_size`` and both model
+    callbacks ``greedy``: a decoder whose ``greedy`` differs refuses them when it is built.
+
+    Thread-safety: the pair follows one sequence; a second thread calling a callback while the
+    first is inside it gets a RuntimeError saying each thread needs its own callbacks. Call this
+    function once per thread (the models' weights are shared, not copied).
+
+    Recovery: an exception or ``KeyboardInterrupt`` inside a callback (in a forward, say) drops
+    that callback's KV cache; the next call rebuilds it, and its output is an uninterrupted run's.
     """
+    _inputs.flag(tree, "tree")
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):

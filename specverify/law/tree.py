@@ -136,8 +136,9 @@ def depth_pmf(node_probabilities, parents):
     return at_least - np.append(at_least[1:], 0.0)
 
 
-def _ordered_draws_without_replacement(q, k):
-    """(tokens, probability) of every ordered draw of min(k, |supp q|) distinct tokens from q."""
+def ordered_draws_without_replacement(q, k):
+    """(tokens, probability) of every ordered draw of ``min(k, |supp q|)`` distinct tokens from q
+    (``q`` a ``[V]`` float64 row; also the draft process of ``specverify.testing``'s exact mode)."""
     k = min(k, int((q > 0).sum()))
 
     def extend(prefix, prob, remaining):
@@ -171,7 +172,7 @@ def child_acceptance(target_row, draft_row, k, rule):
             survive *= 1.0 - a
             r = _minus_and_normalize(r, q)
         return out
-    for tokens, prob in _ordered_draws_without_replacement(q, k):
+    for tokens, prob in ordered_draws_without_replacement(q, k):
         accept, _ = node_rule(p, q, tokens, rule)
         survive = 1.0
         for j, a in enumerate(accept):

@@ -16,6 +16,9 @@ import numpy as np
 __all__ = ["VerifierFault", "Caller", "run_guarded", "as_int", "describe"]
 
 
+FIRST_CALL_BUDGET = 60.0
+
+
 class VerifierFault(Exception):
     """The verifier under test misbehaved: ``what`` (raised, hung, slow, wrong output, mutated its
     inputs, not a function of its uniforms, not piecewise constant), a message, and the case."""
@@ -54,11 +57,13 @@ def as_int(value, name):
 
 
 def _snapshot(args):
-    return [np.array(a, copy=True) if isinstance(a, np.ndarray) else
+    """Copies of the array arguments (NumPy as bytes, torch as clones; None for the rest)."""
+    return [(a.dtype, a.shape, a.tobytes()) if isinstance(a, np.ndarray) else
             (a.detach().clone() if hasattr(a, "detach") else None) for a in args]
 
 
 def _changed(before, args):
+    """Index of the first argument that differs from its snapshot (bit for bit), else None."""
     for i, (b, a) in enumerate(zip(before, args)):
         if b is None:
             continue
@@ -67,9 +72,15 @@ def _changed(before, args):
 
             if not torch.equal(torch.nan_to_num(b, nan=-7.0), torch.nan_to_num(a, nan=-7.0)):
                 return i
-        elif not np.array_equal(b, a, equal_nan=True):
+        elif (a.dtype, a.shape) != b[:2] or a.tobytes() != b[2]:
             return i
     return None
+
+
+def _restore(snapshot, arg):
+    if isinstance(snapshot, tuple):
+        return np.frombuffer(snapshot[2], dtype=snapshot[0]).reshape(snapshot[1])
+    return arg if snapshot is None else snapshot
 
 
 class Caller:
@@ -77,7 +88,8 @@ class Caller:
 
     Args:
         fn: the verifier (already adapted to the harness's layout).
-        call_budget: seconds one call may take.
+        call_budget: seconds one call may take; the first call may take ``max(call_budget,
+            FIRST_CALL_BUDGET)`` (60 s: a verifier's first call may import torch or compile).
         arg_names: names of the positional arguments (for messages).
         mutation_checks: for large inputs, check them after this many first calls, then every 64th
             call (inputs of at most 4096 elements are checked after every call).
@@ -92,6 +104,7 @@ class Caller:
         self.mutation_checks = mutation_checks
         self.calls = 0
         self.current = None  # the case of the call in progress (read by the watchdog)
+        self.limit = self.budget  # the budget of the call in progress
         self.started = None
 
     def case(self, args):
@@ -106,6 +119,7 @@ class Caller:
                  or sum(getattr(a, "size", 0) if isinstance(a, np.ndarray) else 0 for a in args) <= 4096)
         before = _snapshot(args) if check else None
         self.current = args
+        self.limit = max(self.budget, FIRST_CALL_BUDGET) if self.calls == 1 else self.budget
         self.started = time.perf_counter()
         try:
             out = self.fn(*args)
@@ -118,8 +132,8 @@ class Caller:
         finally:
             elapsed = time.perf_counter() - self.started
             self.started = None
-        if elapsed > self.budget:
-            raise VerifierFault("slow", f"one call took {elapsed:.2f} s, over the budget of {self.budget:g} s",
+        if elapsed > self.limit:
+            raise VerifierFault("slow", f"one call took {elapsed:.2f} s, over the budget of {self.limit:g} s",
                                 self.case(args))
         if check:
             changed = _changed(before, args)
@@ -127,7 +141,8 @@ class Caller:
                 name = self.arg_names[changed] if changed < len(self.arg_names) else f"argument {changed}"
                 raise VerifierFault("mutated its inputs", f"the call wrote into {name} (vllm-ascend #2881 "
                                     "zeroed target_probs in place): later rounds would read corrupted rows",
-                                    {**self.case(before), "after": describe(args[changed])})
+                                    {**self.case([_restore(b, a) for b, a in zip(before, args)]),
+                                     "after": describe(args[changed])})
         return out
 
 
@@ -152,8 +167,8 @@ def run_guarded(work, caller, time_budget):
     while thread.is_alive():
         thread.join(0.02)
         started, current = caller.started, caller.current
-        if started is not None and time.perf_counter() - started > caller.budget and thread.is_alive():
-            return None, VerifierFault("hung", f"a call did not return within {caller.budget:g} s (left running "
+        if started is not None and time.perf_counter() - started > caller.limit and thread.is_alive():
+            return None, VerifierFault("hung", f"a call did not return within {caller.limit:g} s (left running "
                                        "in a daemon thread)", caller.case(current) if current else None)
         if time.monotonic() - start > time_budget and thread.is_alive():
             return None, VerifierFault("time budget", f"the check did not finish within time_budget = "

@@ -20,6 +20,8 @@ import itertools
 
 import numpy as np
 
+from specverify.law import tree as law_tree
+
 from ._calls import VerifierFault, as_int
 from .models import inverse_cdf_cuts
 
@@ -118,19 +120,7 @@ def _children_draws(q, k, rule):
             if prob > 0:
                 yield tokens, prob
     elif rule == "without_replacement":
-        kk = min(k, int((q > 0).sum()))
-
-        def extend(prefix, prob, remaining):
-            if len(prefix) == kk:
-                yield tuple(prefix), prob
-                return
-            mass = remaining.sum()
-            for t in np.flatnonzero(remaining > 0):
-                rest = remaining.copy()
-                rest[t] = 0.0
-                yield from extend(prefix + [int(t)], prob * remaining[t] / mass, rest)
-
-        yield from extend([], 1.0, q.copy())
+        yield from law_tree.ordered_draws_without_replacement(q, k)
     else:  # deterministic: the draft's top k, ties to the lowest id
         yield tuple(int(t) for t in np.argsort(-q, kind="stable")[:k]), 1.0
 
@@ -173,10 +163,7 @@ def tree_drafts(draft, context, parents, rule):
 
 def depths(parents):
     """``[N + 1]`` depth of every position (root 0)."""
-    d = [0]
-    for p in parents:
-        d.append(d[p + 1] + 1)
-    return np.array(d, dtype=np.int64)
+    return np.concatenate([[0], law_tree.tree_depths(parents)]).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,13 +12,15 @@ Layouts (``layout=`` of the checks and the CLI):
   cu_num_draft_tokens [R + 1], uniforms)`` (sampled mode: ``generator`` in place of ``uniforms``)
   ``-> (output_token_ids [R, K_max + 1] padded with -1, num_accepted [R])``.  The round under test
   is request 1 of 3 (K = 1 before it, K = 0 after it), so the offsets are exercised.
-- ``"vllm"``: vLLM V1's flattened batch (notes E.1): ``fn(draft_token_ids [T], cu_num_draft_tokens
+- ``"vllm"``: vLLM V1's flattened batch (notes E.1; rows normalized to probabilities first, as
+  vLLM's are): ``fn(draft_token_ids [T], cu_num_draft_tokens
   [R] (inclusive, no leading 0), draft_probs [T, V] or None, target_probs [T, V], bonus_token_ids [R],
   uniform_samples [T], recovery_uniforms [R]) -> output [R, max_spec_len + 1]`` padded with -1
   (sampled mode: ``fn(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs,
   bonus_token_ids, generator)``).  As in vLLM, the bonus token is sampled outside the verifier (here
   by the adapter, from the bonus row with the round's last uniform).
-- ``"flashinfer"``: FlashInfer's dense chain signature with explicit uniforms (notes E.3):
+- ``"flashinfer"``: FlashInfer's dense chain signature with explicit uniforms (notes E.3; rows
+  normalized to probabilities first):
   ``fn(draft_probs [B, n, V], draft_token_ids [B, n], uniform_samples [B, n + 1], target_probs
   [B, n + 1, V]) -> output_token_ids [B, n + 1]`` (or a tuple starting with it), -1 after the
   emitted tokens (sampled mode: ``fn(draft_probs, draft_token_ids, target_probs, generator)``).  The
@@ -117,6 +119,17 @@ def _parse_padded_row(row, tokens, vocab, layout):
     return n, row[n]
 
 
+def _normalized(rows):
+    """Rows as probabilities (float32, each row divided by its mass): the vLLM and FlashInfer
+    layouts carry normalized probabilities; the harness's rows have any mass (a power of 2 in
+    exact mode, so the division is exact)."""
+    if rows is None:
+        return None
+    rows = np.asarray(rows, dtype=np.float32)
+    mass = rows.astype(np.float64).sum(axis=-1, keepdims=True)
+    return (rows / np.where(mass > 0, mass, 1.0)).astype(np.float32)
+
+
 def _dummy_rows(count, vocab, dtype):
     return np.full((count, vocab), 1.0 / vocab, dtype=dtype)
 
@@ -149,6 +162,7 @@ def _from_batch(fn, mode):
 
 def _from_vllm(fn, mode):
     def call(target_probs, draft_probs, draft_tokens, randomness):
+        target_probs, draft_probs = _normalized(target_probs), _normalized(draft_probs)
         k, vocab = len(draft_tokens), target_probs.shape[1]
         dt = target_probs.dtype
         # Requests: K = 1 (dummy), the round (K), K = 0 (dummy).  vLLM's target rows are the
@@ -177,6 +191,7 @@ def _from_vllm(fn, mode):
 
 def _from_flashinfer(fn, mode):
     def call(target_probs, draft_probs, draft_tokens, randomness):
+        target_probs, draft_probs = _normalized(target_probs), _normalized(draft_probs)
         k, vocab = len(draft_tokens), target_probs.shape[1]
         n = k + 1  # one trailing -1 pad in request 0
         dt = np.float32

@@ -225,7 +225,8 @@ def _validate(kind, vocab, k, length, order, tree_rule, parents, cuts, tolerance
 def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, length=None, order=1,
                 models=None, drafts=("stochastic", "deterministic"), tree_rule="without_replacement",
                 tree_shape="depth2", cuts="bisect", warp=None, tolerance=1e-9, resolution=2.0 ** -40,
-                grid=16, max_cuts=64, margin=1e-6, call_budget=5.0, time_budget=600.0, seed=0):
+                grid=16, max_cuts=64, margin=1e-6, call_budget=5.0, time_budget=600.0, seed=0, full_scan=True,
+                reproducer=True):
     """Prove a verifier lossless (or find a counterexample) by enumerating its uniforms.
 
     The law of the first ``length`` emitted tokens, composed over rounds from every start context
@@ -266,6 +267,10 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
         margin: how far inside its cell the consistency check moves each uniform.
         call_budget: seconds one call may take.  time_budget: seconds for the whole check.
         seed: seeds the generated models and the bisection's random probe.
+        full_scan: False stops at the first violating start context (the worst TVs then cover
+            only what was scanned); True scans every model pair, draft process and context.
+        reproducer: False skips the search for a minimal reproducer (inputs and uniforms) of a
+            violation; the report then names only the model, draft, context and length.
 
     Returns:
         :class:`~specverify.testing.report.Report`.
@@ -288,7 +293,10 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
     elif not drafts or any(d not in ("stochastic", "deterministic") for d in drafts):
         raise ValueError(f"drafts must name 'stochastic' and/or 'deterministic', got {drafts!r}")
     if models is None:
-        pairs = model_pairs(vocab, order, seeds=(seed, seed + 1))
+        support = 1
+        if kind == "tree" and tree_rule == "without_replacement":  # k distinct siblings need k tokens
+            support = max(list(parents).count(p) for p in set(parents))
+        pairs = model_pairs(vocab, order, seeds=(seed, seed + 1), min_draft_support=support)
     else:
         pairs = [tuple(m if isinstance(m, MarkovModel) else MarkovModel(m) for m in pair) for pair in models]
         if not pairs or any(len(p) != 2 or p[0].table.shape != p[1].table.shape for p in pairs):
@@ -303,7 +311,7 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
                     tree_rule=tree_rule if kind == "tree" else None, tree_shape=parents, warp=warp)
     start = time.perf_counter()
     work = functools.partial(_run, caller, kind, pairs, drafts, k, length, tree_rule, parents, cuts, warp,
-                             tolerance, resolution, grid, max_cuts, margin, seed)
+                             tolerance, resolution, grid, max_cuts, margin, seed, full_scan, reproducer)
     result, fault = run_guarded(work, caller, time_budget)
     seconds = time.perf_counter() - start
     if fault is not None:
@@ -319,13 +327,14 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
     verdict = "violation" if bad else "lossless"
     top = max(worst, key=lambda w: w["tv"])
     summary = (f"worst TV {top['tv']:.3g} at length {top['length']} (model pair {top['model']}, draft "
-               f"{top['draft']}, context {top['context']}); tolerance {tolerance:g}")
+               f"{top['draft']}, context {top['context']}); tolerance {tolerance:g}" if top["context"] is not None
+               else f"every total variation is exactly 0 (lengths 1 to {length}); tolerance {tolerance:g}")
     return Report(mode="exact", verdict=verdict, settings=settings, seconds=seconds, calls=caller.calls,
                   summary=summary, worst_tv=worst, laws=laws, reproducer=reproducer if bad else None)
 
 
 def _run(caller, kind, pairs, drafts, k, length, tree_rule, parents, cuts, warp, tolerance, resolution, grid,
-         max_cuts, margin, seed):
+         max_cuts, margin, seed, full_scan=True, want_reproducer=True):
     worst = [dict(length=ell, tv=0.0, model=None, draft=None, context=None) for ell in range(1, length + 1)]
     laws = {}
     first_bad = None
@@ -348,25 +357,43 @@ def _run(caller, kind, pairs, drafts, k, length, tree_rule, parents, cuts, warp,
                 except _SupportViolation as sv_:
                     return sv_
                 want = target_law(target, context, length)
+                found_here = False
                 for ell in range(1, length + 1):
                     tv = total_variation(marginal(got, ell), marginal(want, ell))
                     if tv > worst[ell - 1]["tv"]:
                         worst[ell - 1] = dict(length=ell, tv=tv, model=m, draft=d, context=list(context))
                     if tv > tolerance and first_bad is None:
                         first_bad = (problem, context, ell, marginal(got, ell), marginal(want, ell), m, d)
-                if (m, d) == (0, drafts[0]) and context == target.contexts()[0] or (
-                        first_bad is not None and first_bad[1] == context and first_bad[5] == m and "law" not in laws):
-                    laws["law"] = dict(context=list(context), model=m, draft=d, length=length,
+                        found_here = True
+                if not laws or found_here:  # the figure: the first context, replaced by the first violating one
+                    laws["law"] = dict(context=list(context), model=m, draft=d, length=length, violating=found_here,
                                        verifier={"".join(map(str, s)): p for s, p in got.items()},
                                        target={"".join(map(str, s)): p for s, p in want.items()})
-    reproducer = _reproducer(caller, first_bad, cuts, resolution, grid, max_cuts, margin, seed) if first_bad else None
+                if first_bad is not None and not full_scan:
+                    break
+            if first_bad is not None and not full_scan:
+                break
+        if first_bad is not None and not full_scan:
+            break
+    reproducer = None
+    if first_bad and want_reproducer:
+        reproducer = _reproducer(caller, first_bad, cuts, resolution, grid, max_cuts, margin, seed)
+    elif first_bad:
+        problem, context, ell, _, _, m, d = first_bad
+        reproducer = dict(model=m, draft=d, context=list(context), length=ell)
     return worst, laws, reproducer
 
 
 def _round_law(caller, problem, cuts, resolution, grid, max_cuts, margin, seed, determinism_checks, context):
     out = defaultdict(float)
     target = problem.target
-    for prob, args, emitted_of, law_rows in problem.inputs(context):
+    inputs = problem.inputs(context)
+    mass = sum(prob for prob, *_ in inputs)
+    if abs(mass - 1.0) > 1e-9:
+        raise ValueError(f"the draft process after context {tuple(context)} covers probability {mass:.6g}, not 1: a "
+                         "without-replacement tree needs as many supported draft tokens as it has siblings "
+                         "(give models whose draft rows have that support)")
+    for prob, args, emitted_of, law_rows in inputs:
         law = _input_law(caller, problem, context, args, emitted_of, law_rows, cuts, resolution, grid, max_cuts,
                          margin, seed, determinism_checks)
         for emitted, w in law.items():

@@ -48,9 +48,13 @@ class MarkovModel:
         return self.table[context[len(context) - self.order:]] if self.order else self.table
 
     def probs(self, context):
-        """Normalized float64 ``[V]`` row after ``context``."""
-        row = self.row(context).astype(np.float64)
-        return row / row.sum()
+        """Normalized float64 ``[V]`` row after ``context`` (cached per context; do not modify)."""
+        key = tuple(int(t) for t in context)[-self.order:] if self.order else ()
+        cache = self.__dict__.setdefault("_probs", {})
+        if key not in cache:
+            row = self.row(key).astype(np.float64)
+            cache[key] = row / row.sum()
+        return cache[key]
 
     def contexts(self):
         """Every distinct context: the tuples of ``order`` tokens."""
@@ -83,7 +87,18 @@ def _composition(rng, vocab, zero=None, tie=False, total=16):
     return row
 
 
-def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32):
+def _spread(row, support):
+    """``row`` with at least ``support`` non-zero entries: a quarter of the largest entry moved
+    to each of the lowest zero entries needed (the row's mass, a power of 2, is unchanged)."""
+    row = row.copy()
+    for t in np.flatnonzero(row == 0)[: max(0, support - int((row > 0).sum()))]:
+        top = int(np.argmax(row))
+        row[t] = row[top] / 4.0
+        row[top] -= row[t]
+    return row
+
+
+def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32, min_draft_support=1):
     """Seeded ``(target, draft)`` :class:`MarkovModel` pairs with every edge a verifier must get
     right (section G of the verification notes): zeros in target and draft, exact ties, draft rows
     equal to the target's at another scale (``p == q``), one-hot draft rows, and row masses spread
@@ -91,6 +106,8 @@ def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32):
 
     Args:
         vocab: V (2-5 for exact mode).  order: 1 or 2.  seeds: one pair per seed.
+        min_draft_support: every draft row gets at least this many tokens of positive probability
+            (a without-replacement tree drawing k siblings needs k; one-hot rows are then spread).
     """
     pairs = []
     for seed in seeds:
@@ -114,6 +131,7 @@ def model_pairs(vocab=3, order=1, seeds=(0, 1), dtype=np.float32):
             # Masses far from 1 (normalization matters), by powers of 2.
             flat_t[c] *= 2.0 ** rng.integers(-10, 11)
             flat_d[c] *= 2.0 ** rng.integers(-10, 11)
+            flat_d[c] = _spread(flat_d[c], min(min_draft_support, vocab))
         pairs.append((MarkovModel(target.astype(dtype)), MarkovModel(draft.astype(dtype))))
     return pairs
 

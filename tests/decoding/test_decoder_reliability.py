@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
 from experiments.synthetic import markov_callbacks  # noqa: E402
+from specverify.decoding.adaptive import AdaptiveK, FixedK  # noqa: E402
 from test_decoder import bigram_pair  # noqa: E402
 
 VOCAB = 6
@@ -141,3 +142,43 @@ def test_out_of_vocabulary_draft_token_names_draft_step_before_the_target_runs()
     with pytest.raises((ValueError, IndexError), match="draft_step"):
         dec.generate(torch.tensor([3, 1]), 4)
     assert calls == []
+
+
+# -- item 7: a confidence threshold reads the draft's output only after it is validated ---------------
+def _rows(k):
+    return np.full((k, VOCAB), 1.0 / VOCAB, dtype=np.float32)  # k valid draft rows
+
+
+MALFORMED_DRAFTS = {  # what a draft asked for k tokens returns (a policy may ask for fewer than k_max)
+    "not a pair": lambda k: np.arange(k),
+    "nested tokens": lambda k: ([list(range(k))], _rows(k)),
+    "string tokens": lambda k: (["a"] * k, _rows(k)),
+    "float tokens": lambda k: (np.arange(k) + 0.5, _rows(k)),
+    "token out of vocabulary": lambda k: (np.full(k, VOCAB + 2), _rows(k)),
+    "negative token": lambda k: (np.full(k, -1), _rows(k)),
+    "too few rows": lambda k: (np.arange(k), _rows(k)[:-1]),
+    "3-D probs": lambda k: (np.arange(k), _rows(k)[None]),
+    "string probs": lambda k: (np.arange(k), np.full((k, VOCAB), "x")),
+    "probs a string": lambda k: (np.arange(k), "probs"),
+    "more tokens than asked": lambda k: (np.arange(k + 1), _rows(k + 1)),
+}
+
+
+def _failure(policy, malformed):
+    """``(type, message)`` of the error a sampling decoder with ``policy`` raises on ``malformed``'s output."""
+    target, _ = bigram_pair(0, VOCAB)
+    _, target_step = markov_callbacks(target, target, np.random.default_rng(1))
+    dec = sv.SpeculativeDecoder(lambda prefix, k: malformed(k), target_step, k=policy, greedy=False,
+                                generator=np.random.default_rng(2))
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - the type itself is what is compared
+        dec.generate(torch.tensor([3, 1]), 6)
+    return type(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_DRAFTS))
+def test_malformed_draft_output_gets_the_same_error_with_a_confidence_threshold(case):
+    malformed = MALFORMED_DRAFTS[case]
+    plain = _failure(FixedK(1), malformed)  # AdaptiveK's first round asks for one token
+    assert issubclass(plain[0], (TypeError, ValueError, IndexError)) and "draft_step" in plain[1], plain
+    for policy in (FixedK(1, confidence_threshold=0.5), AdaptiveK(k_max=2, confidence_threshold=0.5)):
+        assert _failure(policy, malformed) == plain, policy

@@ -99,7 +99,7 @@ def test_tree_length_pmf_matches_enumerated_draft_trees():
             k = len(slots[r])
             if rule == "with_replacement":
                 return [(t, np.prod(draft[r][list(t)])) for t in itertools.product(range(3), repeat=k)]
-            return list(law.tree._ordered_draws_without_replacement(draft[r], k))
+            return list(law.tree.ordered_draws_without_replacement(draft[r], k))
 
         # Every position's children are drawn independently of the tokens (rows fixed per position).
         per_position = [draws(r) if slots[r] else [((), 1.0)] for r in range(parents.size + 1)]

@@ -44,7 +44,7 @@ def with_replacement(q, k):
 
 
 def without_replacement(q, k):
-    yield from law.tree._ordered_draws_without_replacement(q / q.sum(), k)
+    yield from law.tree.ordered_draws_without_replacement(q / q.sum(), k)
 
 
 def top_k(q, k):
