@@ -18,8 +18,8 @@ formats, code, chat):
    ``use_fast_linears`` for every row, greedy outputs compared with plain ``generate``.
 
 Results: ``results/draft_eval/<key>/`` (``acceptance.csv``, ``runs.csv``, ``meta.json``);
-``media/learned_draft.md`` (tables with machine, date, command) and ``media/learned_draft.png``
-are drawn from them (``--plot-only`` redraws).
+``media/learned_draft.md`` (tables with machine, date, command)
+is written from them (``--table-only`` rewrites it from the cached run).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learn
            "sv_sample_hybrid", "sv_sample_hybrid_block"]
 PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2}
 TABLE = "learned_draft.md"
-FIGURE = "learned_draft.png"
 
 
 class _Recorder:
@@ -59,8 +58,9 @@ class _Recorder:
 
     def target(self, prefix, proposed, parents=None):
         rows = self.target_step(prefix, proposed, parents)
-        tokens, probs = self._drafted
-        self.rounds.append((tokens.clone(), None if probs is None else probs.clone(), rows.clone()))
+        m = proposed.numel()  # the decoder may verify fewer than were drafted (the max_new cap)
+        probs = self._drafted[1]
+        self.rounds.append((proposed.clone(), None if probs is None else probs[:m].clone(), rows.clone()))
         return rows
 
 
@@ -143,12 +143,12 @@ def write_table(summary, speed, meta, out_path, command):
     from specverify.integrations import learned_draft
 
     info = learned_draft.metadata()
-    lines = [f"# The learned draft on held-out prompts", "",
-             f"Machine: {meta['processor']} ({meta['platform']}), one torch thread, {meta['utc'][:10]}; "
+    lines = ["# The learned draft on held-out prompts", "",
+             f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), one torch thread, {meta['utc'][:10]}; "
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
              f"Draft: {info.get('tokens', '?')} training tokens, reduced vocabulary {info.get('params', {}).get('vocab', '?')} "
-             f"(covers {info.get('vocab_coverage', '?')} of the training tokens), trained in {info.get('minutes', '?')} min.", "",
+             f"(covers {info.get('vocab_coverage', '?')} of the training tokens), trained in {info.get('minutes', '?')} min (data and training, on this machine under load).", "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
              "|---|" + "--:|" * (meta["k"] + 2)]
@@ -165,6 +165,16 @@ def write_table(summary, speed, meta, out_path, command):
             lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
                          f"{s['tokens_per_round']:.2f} | {s['draft_share']} | {s['same']} |")
     Path(out_path).write_text("\n".join(lines) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def speed_summary(rows):
@@ -204,6 +214,7 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table-only", action="store_true", help="rewrite media/learned_draft.md from the cached run")
     args = ap.parse_args(argv)
     if args.k < 1 or args.max_new < 1 or args.repeats < 1:
         ap.error("--k, --max-new and --repeats must be positive")
@@ -219,12 +230,19 @@ def main(argv=None):
     prompts = {f"{s}/{n}": text for s in sets for n, text in PROMPT_SETS[s].items()}
     params = dict(real_model.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9, seed=args.seed),
                   k_learned=args.k)
+    out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
+                                                repeats=args.repeats))
+    command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    command = command.replace(" --table-only", "")
+    if args.table_only:  # from the cached run of these parameters
+        meta = paths.read_json(out_dir / "meta.json")
+        write_table(meta["summary"], meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
+        print(f"wrote {paths.MEDIA_DIR / TABLE} from {out_dir}")
+        return
     load_before = os.getloadavg()
     model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
     head = learned_draft.load(model, args.weights)
     params["_head"] = head
-    out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
-                                                repeats=args.repeats))
     out_dir.mkdir(parents=True, exist_ok=True)
     sample = dict(temperature=0.7, top_k=0, top_p=0.9)
     records = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
@@ -241,7 +259,6 @@ def main(argv=None):
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
                 loadavg_before=load_before, loadavg_after=os.getloadavg())
     paths.write_json(out_dir / "meta.json", dict(meta, summary=summary, speed=speed))
-    command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     paths.MEDIA_DIR.mkdir(parents=True, exist_ok=True)
     write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
     print(f"wrote {paths.MEDIA_DIR / TABLE}")
