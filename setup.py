@@ -76,6 +76,7 @@ setup(
     description="Speculative-decoding verification ops for CPUs (greedy and rejection sampling)",
     license="Apache-2.0",
     packages=find_packages(include=["specverify", "specverify.*"]),
+    package_data={"specverify.integrations": ["data/*.safetensors"]},  # the learned draft's weights
     python_requires=">=3.9",
     install_requires=["numpy>=1.22"],
     ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES),

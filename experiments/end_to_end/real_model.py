@@ -248,6 +248,21 @@ class _PassCounter:
         self._handle.remove()
 
 
+def _learned(config) -> bool:
+    """Whether a config drafts with the learned draft (``_learned``, ``_hybrid`` configs)."""
+    return "_learned" in config or "_hybrid" in config
+
+
+def _draft_name(config, p) -> str:
+    if "lookup" in config:
+        return "lookup"
+    if "_hybrid" in config:
+        return "lookup+learned"
+    if "_learned" in config:
+        return "learned"
+    return "early_exit_%d" % p["ee_layers"] if "ee" in config else ""
+
+
 def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     """One generation; returns a CSV row (dict) without the ``prompt`` column.
 
@@ -271,9 +286,10 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     row = dict(config=config, mode=mode, linears=p["linears"], **(sample if mode == "sample" else {}),
                warp="" if mode == "greedy" else ("torch" if torch_warp else "transformers" if name == "hf_sample"
                                                  else "specverify"),
-               draft="lookup" if "lookup" in config else ("early_exit_%d" % p["ee_layers"] if "ee" in config else ""),
+               draft=_draft_name(config, p),
                k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
-                                                                   else (p["k_ee"] if "ee" in config else 0)),
+                                                                   else p.get("k_learned", 4) if _learned(config)
+                                                                   else p["k_ee"] if "ee" in config else 0),
                node_budget=(p["node_budget"] if "lookup" in config else p["ee_node_budget"]) if tree else "")
     for key in ("drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s", "other_s", "verify_share"):
         row[key] = float("nan")
@@ -301,10 +317,16 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         passes = counter.n
     else:
         greedy = config.startswith("sv_greedy")
-        draft = "prompt_lookup" if "lookup" in config else draft_model
-        draft_step, target_step = speculative_callbacks(
-            model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), tree=tree,
-            node_budget=row["node_budget"] or 1, **sample)
+        if _learned(config):  # the learned draft (p["_head"], loaded by the caller), alone or after prompt lookup
+            from specverify.integrations.learned_draft import learned_callbacks
+
+            draft_step, target_step = learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy,
+                                                        generator=torch.Generator().manual_seed(seed), **sample)
+        else:
+            draft = "prompt_lookup" if "lookup" in config else draft_model
+            draft_step, target_step = speculative_callbacks(
+                model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), tree=tree,
+                node_budget=row["node_budget"] or 1, **sample)
         if torch_warp:  # the same callbacks, their rows warped in torch
             for step in (draft_step, target_step):
                 if hasattr(step, "sampling"):

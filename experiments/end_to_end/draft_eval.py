@@ -1,0 +1,268 @@
+"""The learned draft on held-out text: acceptance per position against the law, and speed end to end.
+
+``python -m experiments.draft_eval`` loads SmolLM2-135M-Instruct and the shipped learned draft
+(:mod:`specverify.integrations.learned_draft`, trained by :mod:`experiments.end_to_end.train_draft`
+on package documentation and code, never on these prompts) and, on the project's held-out prompt
+sets (:data:`experiments.end_to_end.real_model.HELDOUT_PROMPTS`, ``HELDOUT_PROMPTS_2``; open text,
+formats, code, chat):
+
+1. **Acceptance per position**: every round of a greedy and a sampling decoder with the learned
+   draft alone (``K = --k``) is recorded: greedy, whether draft token ``i`` is the target's argmax
+   given the drafts before it; sampling (temperature 0.7, top-p 0.9), the overlap
+   ``a_i = sum_v min(p_i(v), q_i(v))`` of the warped target and draft rows. The measured rates
+   give :func:`specverify.law.expected_tokens_per_round` (token-wise) and
+   :func:`specverify.law.block_gain` (block verification), compared with the tokens per pass
+   measured.
+2. **Speed**: ``tokens/s`` of every config of :data:`CONFIGS`, side by side (configs innermost per
+   prompt, so machine load hits all alike), one torch thread, the same model with
+   ``use_fast_linears`` for every row, greedy outputs compared with plain ``generate``.
+
+Results: ``results/draft_eval/<key>/`` (``acceptance.csv``, ``runs.csv``, ``meta.json``);
+``media/learned_draft.md`` (tables with machine, date, command)
+is written from them (``--table-only`` rewrites it from the cached run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .. import paths
+from . import real_model
+
+EXPERIMENT = "draft_eval"
+CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned", "sv_greedy_hybrid",
+           "sv_greedy_hybrid_auto", "hf_sample", "sv_sample_lookup", "sv_sample_learned", "sv_sample_learned_block",
+           "sv_sample_hybrid", "sv_sample_hybrid_block"]
+PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2}
+TABLE = "learned_draft.md"
+
+
+class _Recorder:
+    """Callbacks that pass through and keep each round's ``(tokens [m], draft rows [m, V] or None,
+    target rows [m + 1, V])``."""
+
+    def __init__(self, draft_step, target_step):
+        self.draft_step, self.target_step = draft_step, target_step
+        self.rounds = []
+        self._drafted = None
+
+    def draft(self, prefix, k):
+        self._drafted = self.draft_step(prefix, k)
+        return self._drafted
+
+    def target(self, prefix, proposed, parents=None):
+        rows = self.target_step(prefix, proposed, parents)
+        m = proposed.numel()  # the decoder may verify fewer than were drafted (the max_new cap)
+        probs = self._drafted[1]
+        self.rounds.append((proposed.clone(), None if probs is None else probs[:m].clone(), rows.clone()))
+        return rows
+
+
+def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: int):
+    """Per-round records of the learned draft (alone) on every prompt, greedy and sampling.
+
+    Returns a list of dicts: ``mode, prompt, round, position, reached, accepted (greedy: argmax
+    match; sampling: the overlap a_i), emitted`` (tokens the round emitted).
+    """
+    import torch
+
+    import specverify as sv
+    from specverify.integrations.learned_draft import learned_callbacks
+
+    records = []
+    for mode in ("greedy", "sample"):
+        for name, prompt in ids.items():
+            greedy = mode == "greedy"
+            d, t = learned_callbacks(model, head, hybrid=False, greedy=greedy,
+                                     generator=torch.Generator().manual_seed(seed), **({} if greedy else sample))
+            rec = _Recorder(d, t)
+            dec = sv.SpeculativeDecoder(_Mode(rec.draft, greedy), _Mode(rec.target, greedy), k=k, greedy=greedy,
+                                        generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos)
+            dec.generate(prompt, max_new)
+            for r, ((tokens, probs, rows), emitted) in enumerate(zip(rec.rounds, dec.stats.emitted)):
+                for i in range(tokens.numel()):
+                    if greedy:
+                        value = float(int(torch.argmax(rows[i])) == int(tokens[i]))
+                    else:
+                        p = rows[i].double() / rows[i].double().sum()
+                        value = float(torch.minimum(p, probs[i].double()).sum())
+                    records.append(dict(mode=mode, prompt=name, round=r, position=i + 1,
+                                        reached=int(i < emitted), value=value, emitted=emitted))
+    return records
+
+
+class _Mode:
+    """A callable with the ``greedy`` attribute the decoder checks."""
+
+    def __init__(self, fn, greedy):
+        self.fn, self.greedy = fn, greedy
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+def acceptance_summary(records, k: int):
+    """Per mode: the rate at each position (over rounds that reached it), the law's tokens per pass
+    from those rates, the measured tokens per pass; for sampling, block's predicted gain too."""
+    import numpy as np
+
+    from specverify import law
+
+    out = {}
+    for mode in ("greedy", "sample"):
+        rs = [r for r in records if r["mode"] == mode]
+        rates = []
+        for i in range(1, k + 1):
+            vals = [r["value"] for r in rs if r["position"] == i and r["reached"]]
+            rates.append(float(np.mean(vals)) if vals else float("nan"))
+        rounds = {(r["prompt"], r["round"]): r["emitted"] for r in rs}
+        measured = sum(rounds.values()) / max(1, len(rounds))
+        a = np.array([x for x in rates if x == x])
+        out[mode] = dict(rates=rates, predicted=float(law.expected_tokens_per_round(a)) if a.size else float("nan"),
+                         measured=measured, rounds=len(rounds))
+    return out
+
+
+def _write_csv(path, rows):
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_table(summary, speed, meta, out_path, command):
+    """``media/learned_draft.md``: acceptance per position vs the law, and the speed table."""
+    from specverify.integrations import learned_draft
+
+    info = learned_draft.metadata()
+    lines = ["# The learned draft on held-out prompts", "",
+             f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), one torch thread, {meta['utc'][:10]}; "
+             f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
+             f"{meta['max_new']} new tokens, K = {meta['k']}).",
+             f"Draft: {info.get('tokens', '?')} training tokens, reduced vocabulary {info.get('params', {}).get('vocab', '?')} "
+             f"(covers {info.get('vocab_coverage', '?')} of the training tokens), trained in {info.get('minutes', '?')} min (data and training, on this machine under load).", "",
+             "## Acceptance per draft position (rounds that reached it)", "",
+             "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
+             "|---|" + "--:|" * (meta["k"] + 2)]
+    for mode, s in summary.items():
+        lines.append(f"| {mode} | " + " | ".join(f"{x:.3f}" for x in s["rates"]) +
+                     f" | {s['predicted']:.2f} | {s['measured']:.2f} |")
+    lines += ["", "Greedy: the rate at which draft token i equals the target's argmax; sampling: the overlap "
+              "sum(min(p, q)) of the warped rows (temperature 0.7, top-p 0.9).", ""]
+    if speed:
+        lines += ["## Speed end to end (tokens/s ratios to plain generate, same prompts, side by side)", "",
+                  "| config | tokens/s | x plain | min x over prompts | tokens/pass | draft share | greedy == generate |",
+                  "|---|--:|--:|--:|--:|--:|--:|"]
+        for s in speed:
+            lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
+                         f"{s['tokens_per_round']:.2f} | {s['draft_share']} | {s['same']} |")
+    Path(out_path).write_text("\n".join(lines) + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def speed_summary(rows):
+    """Per config: pooled tokens/s, its ratio to plain generate of the same mode, the lowest
+    per-prompt ratio, tokens per pass, draft share, greedy equality."""
+    out = []
+    by = lambda c: [r for r in rows if r["config"] == c]  # noqa: E731
+    for config in [c for c in CONFIGS if by(c)]:
+        rs = by(config)
+        base = "hf_greedy" if "greedy" in config or config == "hf_prompt_lookup" else "hf_sample"
+        base_rows = {(r["prompt"], r["repeat"]): r for r in by(base)}
+        new, secs = sum(r["new_tokens"] for r in rs), sum(r["seconds"] for r in rs)
+        bnew, bsecs = sum(r["new_tokens"] for r in base_rows.values()), sum(r["seconds"] for r in base_rows.values())
+        ratios = [r["tokens_per_s"] / base_rows[(r["prompt"], r["repeat"])]["tokens_per_s"] for r in rs
+                  if (r["prompt"], r["repeat"]) in base_rows]
+        same = [r.get("same_as_generate") for r in rs if r["mode"] == "greedy" and r.get("same_as_generate") not in (None, "")]
+        draft = sum(float(r["draft_s"]) for r in rs) / secs if config.startswith("sv_") else float("nan")
+        out.append(dict(config=config, tokens_per_s=new / secs, ratio=(new / secs) / (bnew / bsecs),
+                        min_ratio=min(ratios) if ratios else float("nan"),
+                        tokens_per_round=new / sum(r["target_passes"] for r in rs),
+                        draft_share=f"{draft:.2f}" if draft == draft else "",
+                        same=f"{sum(same)}/{len(same)}" if same else ""))
+    return out
+
+
+def main(argv=None):
+    import torch
+
+    from specverify.integrations import learned_draft
+
+    ap = argparse.ArgumentParser(prog="python -m experiments.draft_eval", description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, default=4, help="draft tokens per round (the learned configs)")
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--prompt-sets", default="heldout,heldout2", help=f"comma-separated, of {sorted(PROMPT_SETS)}")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
+    ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--table-only", action="store_true", help="rewrite media/learned_draft.md from the cached run")
+    args = ap.parse_args(argv)
+    if args.k < 1 or args.max_new < 1 or args.repeats < 1:
+        ap.error("--k, --max-new and --repeats must be positive")
+    sets = args.prompt_sets.split(",")
+    unknown = [s for s in sets if s not in PROMPT_SETS]
+    if unknown:
+        ap.error(f"--prompt-sets: unknown {unknown}, choose from {sorted(PROMPT_SETS)}")
+    configs = args.configs.split(",")
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
+    torch.set_num_threads(1)
+    prompts = {f"{s}/{n}": text for s in sets for n, text in PROMPT_SETS[s].items()}
+    params = dict(real_model.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9, seed=args.seed),
+                  k_learned=args.k)
+    out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
+                                                repeats=args.repeats))
+    command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    command = command.replace(" --table-only", "")
+    if args.table_only:  # from the cached run of these parameters
+        meta = paths.read_json(out_dir / "meta.json")
+        write_table(meta["summary"], meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
+        print(f"wrote {paths.MEDIA_DIR / TABLE} from {out_dir}")
+        return
+    load_before = os.getloadavg()
+    model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
+    head = learned_draft.load(model, args.weights)
+    params["_head"] = head
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sample = dict(temperature=0.7, top_k=0, top_p=0.9)
+    records = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
+    _write_csv(out_dir / "acceptance.csv", records)
+    summary = acceptance_summary(records, args.k)
+    print(json.dumps(summary, indent=1))
+    speed = []
+    if not args.skip_speed:
+        rows = real_model._run_prompts(ids, configs, model, tokenizer, draft_model, params, args.repeats, "speed")
+        _write_csv(out_dir / "runs.csv", [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
+        speed = speed_summary(rows)
+        for s in speed:
+            print(s)
+    meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
+                loadavg_before=load_before, loadavg_after=os.getloadavg())
+    paths.write_json(out_dir / "meta.json", dict(meta, summary=summary, speed=speed))
+    paths.MEDIA_DIR.mkdir(parents=True, exist_ok=True)
+    write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
+    print(f"wrote {paths.MEDIA_DIR / TABLE}")
+
+
+if __name__ == "__main__":
+    main()

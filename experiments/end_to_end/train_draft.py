@@ -1,0 +1,455 @@
+"""Train the learned draft for SmolLM2-135M on this CPU, offline: ``python -m experiments.train_draft``.
+
+The draft is :class:`specverify.integrations.learned_draft.FeatureHead` (EAGLE-style: one decoder
+layer over the target's last hidden state and the next token's embedding, the target's frozen norm
+and a reduced-vocabulary slice of its LM head). Three cached, resumable stages:
+
+1. **Prompts** from text that is on this machine and is not the project's: Python functions and
+   documentation paragraphs of the installed packages (``site-packages``) and ``/usr/share/doc``,
+   wrapped in instruction templates (explain, summarize, comment, continue, answer a question about
+   a heading ...) as one user turn of the chat template. The project's prompt sets
+   (:mod:`experiments.end_to_end.real_model`) are the held-out evaluation: no template copies
+   their instructions and no text of theirs is used.
+2. **Self-distillation data**: the target answers each prompt (batched ``generate``, half greedy,
+   half sampled at temperature 0.7 / top-p 0.9, up to ``--max-new`` tokens); a forward pre-hook on
+   its final norm keeps the last-layer hidden states ``h_t`` of every position, so the soft labels
+   (the target's distribution at every position, ``softmax(W norm(h_t))``) need no second pass.
+   Stored in shards of float16 hidden states and int32 tokens.
+3. **Training**: pair ``t`` is ``(h_t, x_{t+1})``; the draft's output ``f_t`` is pulled towards
+   ``h_{t+1}`` (smooth L1 on RMS-normalized features) and its distribution over the reduced
+   vocabulary towards the target's at ``t + 1`` restricted to it (cross-entropy on soft labels), as
+   in EAGLE; a second, unrolled step feeds the draft its own ``f_t`` in place of ``h_{t+1}`` with
+   an attention mask that shows it the true pairs before it (what drafting the second token
+   sees; HASS / EAGLE-3's training-time test), so later draft positions are trained too. The
+   reduced vocabulary is the ``--vocab`` most frequent tokens of the data (chat-template tokens
+   always included).
+
+Everything lands in ``results/train_draft/<key>/`` (the key hashes the parameters; an interrupted
+run resumes at the next missing shard or epoch); the trained draft is written to ``--out``
+(default: the shipped file :data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`), with
+the parameters, data sources and token counts and the losses in its metadata. ``--tiny`` is the
+CI-sized run (a handful of prompts, a few steps, a small vocabulary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import re
+import site
+import sys
+import time
+from pathlib import Path
+
+from .. import paths
+
+EXPERIMENT = "train_draft"
+
+# Instruction templates. None of them repeats an instruction of the evaluation prompt sets.
+CODE_TEMPLATES = [
+    "Explain what this Python code does:\n```python\n{text}\n```",
+    "What are the inputs and outputs of this function?\n```python\n{text}\n```",
+    "Describe in plain English how this works:\n```python\n{text}\n```",
+    "Write a short usage example for this function:\n```python\n{text}\n```",
+    "Are there any bugs or edge cases in this code?\n```python\n{text}\n```",
+    "Add comments to this code and show it again:\n```python\n{text}\n```",
+]
+TEXT_TEMPLATES = [
+    "Summarize the following text:\n{text}",
+    "Explain this to a beginner:\n{text}",
+    "What is the main point of this passage?\n{text}",
+    "Write three questions a reader might ask about this text:\n{text}",
+    "Continue writing after this paragraph:\n{text}",
+    "Make a bullet list of the key facts in this text:\n{text}",
+]
+TOPIC_TEMPLATES = [
+    "What is {text}?",
+    "Explain {text} in simple terms.",
+    "Give me three tips about {text}.",
+    "Write a short paragraph about {text}.",
+    "Why would someone use {text}?",
+    "Tell me a short story that involves {text}.",
+]
+
+
+# -- 1. prompts --------------------------------------------------------------------------------
+def _text_files(max_files: int, rng: random.Random):
+    roots = [Path(p) for p in site.getsitepackages()] + [Path("/usr/share/doc")]
+    repo = paths.REPO_ROOT.resolve()
+    found = []
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            if Path(dirpath).resolve().is_relative_to(repo):
+                continue  # never the project's own text (an editable install points here)
+            for name in names:
+                if name.endswith((".py", ".md", ".rst", ".txt")) or name in ("README", "copyright") or name.endswith(".md.gz"):
+                    found.append(Path(dirpath) / name)
+    found.sort()
+    rng.shuffle(found)
+    return found[:max_files]
+
+
+def _read(path: Path) -> str:
+    try:
+        raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+        return raw[:200_000].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+_DEF = re.compile(r"^(?:    )?def \w+\(.*?(?=^(?:    )?def |^class |\Z)", re.S | re.M)
+_HEADING_MD = re.compile(r"^#{1,3} +([A-Za-z][\w .,'()-]{3,60})$", re.M)
+_HEADING_RST = re.compile(r"^([A-Za-z][\w .,'()-]{3,60})\n[=\-~^]{4,}$", re.M)
+
+
+def snippets(path: Path, text: str):
+    """``(kind, text)`` pieces of one file: functions of a .py, paragraphs and headings of prose."""
+    out = []
+    if path.suffix == ".py":
+        for m in _DEF.finditer(text):
+            body = m.group(0).rstrip()
+            if 120 <= len(body) <= 600 and body.count("\n") >= 3:
+                out.append(("code", body))
+    else:
+        for para in re.split(r"\n\s*\n", text):
+            para = " ".join(para.split())
+            letters = sum(c.isalpha() for c in para)
+            if 200 <= len(para) <= 600 and letters > 0.7 * len(para):
+                out.append(("text", para))
+        for m in list(_HEADING_MD.finditer(text)) + list(_HEADING_RST.finditer(text)):
+            title = m.group(1).strip()
+            if len(title.split()) >= 2:
+                out.append(("topic", title.lower()))
+    return out
+
+
+def build_prompts(n: int, seed: int, max_files: int = 6000):
+    """``n`` user-turn prompts (strings) and the count of each source kind."""
+    rng = random.Random(seed)
+    pieces = {"code": [], "text": [], "topic": []}
+    for path in _text_files(max_files, rng):
+        for kind, text in snippets(path, _read(path)):
+            pieces[kind].append(text)
+    templates = {"code": CODE_TEMPLATES, "text": TEXT_TEMPLATES, "topic": TOPIC_TEMPLATES}
+    kinds = [k for k in ("code", "text", "topic") if pieces[k]]
+    prompts, counts = [], {k: 0 for k in kinds}
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        text = rng.choice(pieces[kind])
+        prompts.append(rng.choice(templates[kind]).format(text=text))
+        counts[kind] += 1
+    return prompts, {"prompts": counts, "pieces": {k: len(v) for k, v in pieces.items()}}
+
+
+# -- 2. self-distillation data -------------------------------------------------------------------
+class _NormInputs:
+    """A forward pre-hook on the target's final norm keeping every call's input ``[B, T, d]``."""
+
+    def __init__(self, model):
+        self.calls = []
+        self.handle = model.model.norm.register_forward_pre_hook(lambda module, args: self.calls.append(args[0].detach()))
+
+    def take(self):
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self):
+        self.handle.remove()
+
+
+def generate_shard(model, tokenizer, prompts, max_new: int, sample: bool, seed: int):
+    """The target's answers to ``prompts`` with the hidden state of every position.
+
+    Returns a list of ``(tokens [n] int32, hidden [n - 1, d] float16)``: ``tokens`` the prompt (chat
+    template) and answer up to and including the first end token, ``hidden[t]`` the input of the
+    final norm at position ``t`` (what produced the distribution of ``tokens[t + 1]``).
+    """
+    import torch
+
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in prompts]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = {int(t) for t in ([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
+                            else model.generation_config.eos_token_id)}
+    tap = _NormInputs(model)
+    torch.manual_seed(seed)
+    kwargs = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0) if sample else dict(do_sample=False)
+    try:
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id, **kwargs)
+        hidden = torch.cat(tap.take(), dim=1)  # [B, padded prompt + steps, d]
+    finally:
+        tap.remove()
+    width = batch["input_ids"].shape[1]
+    result = []
+    for b in range(out.shape[0]):
+        start = int((batch["attention_mask"][b] == 0).sum())  # left padding
+        answer = out[b, width:].tolist()
+        end = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))
+        tokens = out[b, start : width + end]
+        n = tokens.numel()
+        h = hidden[b, start : start + n - 1]
+        if h.shape[0] != n - 1:
+            raise RuntimeError(f"hidden states cover {h.shape[0]} positions, expected {n - 1}")
+        result.append((tokens.to(torch.int32).clone(), h.to(torch.float16).clone()))
+    return result
+
+
+def collect_data(model, tokenizer, prompts, data_dir: Path, batch: int, max_new: int, seed: int, log=print):
+    """Shards ``data_dir/shard_XXXXX.pt`` (resumable: existing shards are kept). Returns their paths."""
+    import torch
+    from tqdm import tqdm
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    shards = []
+    n_shards = math.ceil(len(prompts) / batch)
+    for s in tqdm(range(n_shards), desc="target answers", unit="batch"):
+        path = data_dir / f"shard_{s:05d}.pt"
+        shards.append(path)
+        if path.is_file():
+            continue
+        chunk = prompts[s * batch : (s + 1) * batch]
+        rows = generate_shard(model, tokenizer, chunk, max_new, sample=bool(s % 2), seed=seed + s)
+        tmp = path.with_suffix(".tmp")
+        torch.save(rows, tmp)
+        os.replace(tmp, path)
+    return shards
+
+
+def load_sequences(shards):
+    import torch
+
+    rows = []
+    for path in shards:
+        rows += torch.load(path)
+    return rows
+
+
+def reduced_vocabulary(rows, size: int, always):
+    """The ``size`` most frequent token ids of the data (``always`` included), sorted, and the share
+    of all data tokens they cover."""
+    import torch
+
+    n_ids = max([int(t.max()) for t, _ in rows] + list(always)) + 1
+    counts = torch.zeros(n_ids, dtype=torch.int64)
+    for tokens, _ in rows:
+        counts += torch.bincount(tokens.long(), minlength=n_ids)
+    rank = counts.clone()
+    rank[list(always)] = counts.max() + 1  # always kept
+    top = torch.argsort(rank, descending=True)[:size]
+    return torch.sort(top).values, float(counts[top].sum()) / float(counts.sum())
+
+
+# -- 3. training ---------------------------------------------------------------------------------
+def _batches(rows, batch: int, max_len: int, rng: random.Random):
+    order = list(range(len(rows)))
+    rng.shuffle(order)
+    for i in range(0, len(order), batch):
+        yield [rows[j] for j in order[i : i + batch]]
+
+
+def _pad(seqs, max_len: int):
+    """tokens [B, T] int64, hidden [B, T, d] float32 (hidden[b, t] = h_t), valid [B, T] (t < n - 1)."""
+    import torch
+
+    n = min(max_len, max(h.shape[0] for _, h in seqs))
+    d = seqs[0][1].shape[1]
+    tokens = torch.zeros(len(seqs), n + 1, dtype=torch.int64)
+    hidden = torch.zeros(len(seqs), n, d)
+    valid = torch.zeros(len(seqs), n, dtype=torch.bool)
+    for b, (t, h) in enumerate(seqs):
+        m = min(n, h.shape[0])
+        tokens[b, : m + 1] = t[: m + 1].long()
+        hidden[b, :m] = h[:m].float()
+        valid[b, :m] = True
+    return tokens, hidden, valid
+
+
+def draft_losses(head, tokens, hidden, valid, noise: float, generator=None):
+    """EAGLE losses of one batch, first draft step and the unrolled second.
+
+    ``tokens [B, T + 1]``, ``hidden [B, T, d]`` (``h_t``), ``valid [B, T]``. Pair ``t`` =
+    ``(h_t, x_{t+1})`` predicts ``h_{t+1}`` and the target's distribution at ``t + 1``; in the
+    unrolled step pair ``t + 1`` reads the draft's own ``f_t``. Returns ``(loss, stats dict)``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    B, T, d = hidden.shape
+    if T < 3:
+        raise ValueError("sequences need at least 4 tokens")
+    feats = hidden[:, :-1]  # h_0 .. h_{T-2}
+    if noise:
+        feats = feats + noise * (torch.rand(feats.shape, generator=generator) - 0.5) * feats.abs().mean()
+    positions = torch.arange(T - 1)
+    f1, z1, (k1, v1) = head(feats, tokens[:, 1:T], positions)  # pairs 0 .. T-2
+    with torch.no_grad():
+        labels = torch.softmax(F.linear(head.final_norm(hidden[:, 1:]), head.head), dim=-1)  # [B, T-1, V_r]
+    mask1 = valid[:, 1:]  # h_{t+1} exists
+    ce1 = -(labels * F.log_softmax(z1, -1)).sum(-1)
+    reg1 = F.smooth_l1_loss(head.final_norm(f1), head.final_norm(hidden[:, 1:]), reduction="none").mean(-1)
+    # unrolled step: pair j + 1 = (f_j, x_{j+2}) at position j + 1, attending true pairs 0 .. j and itself
+    n2 = T - 2
+    mask = torch.zeros(n2, (T - 1) + n2, dtype=torch.bool)
+    mask[:, : T - 1] = torch.ones(n2, T - 1, dtype=torch.bool).tril()
+    mask[torch.arange(n2), (T - 1) + torch.arange(n2)] = True
+    f2, z2, _ = head(f1[:, :-1], tokens[:, 2:T], positions[1:], past=(k1, v1), mask=mask)
+    mask2 = valid[:, 2:]
+    ce2 = -(labels[:, 1:] * F.log_softmax(z2, -1)).sum(-1)
+    reg2 = F.smooth_l1_loss(head.final_norm(f2), head.final_norm(hidden[:, 2:]), reduction="none").mean(-1)
+    w1, w2 = mask1.float(), mask2.float()
+    n1, n2c = w1.sum().clamp(min=1), w2.sum().clamp(min=1)
+    loss = ((ce1 + 10 * reg1) * w1).sum() / n1 + ((ce2 + 10 * reg2) * w2).sum() / n2c
+    with torch.no_grad():
+        top1 = ((z1.argmax(-1) == labels.argmax(-1)).float() * w1).sum() / n1
+        top2 = ((z2.argmax(-1) == labels[:, 1:].argmax(-1)).float() * w2).sum() / n2c
+        overlap1 = ((torch.minimum(torch.softmax(z1, -1), labels).sum(-1)) * w1).sum() / n1
+    return loss, {"ce1": float((ce1 * w1).sum() / n1), "ce2": float((ce2 * w2).sum() / n2c),
+                  "top1": float(top1), "top2": float(top2), "overlap1": float(overlap1), "tokens": int(n1)}
+
+
+def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: float, seed: int,
+          ckpt_dir: Path, max_steps: int = 0, log=print):
+    """AdamW with warmup and cosine decay; a checkpoint per epoch (resumable). Returns the loss log."""
+    import torch
+    from tqdm import tqdm
+
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    steps_per_epoch = math.ceil(len(rows) / batch)
+    total = epochs * steps_per_epoch if not max_steps else max_steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
+    history, start_epoch = [], 0
+    ckpt = ckpt_dir / "checkpoint.pt"
+    if ckpt.is_file():
+        state = torch.load(ckpt)
+        head.load_state_dict(state["head"], strict=False)
+        opt.load_state_dict(state["opt"])
+        schedule.load_state_dict(state["schedule"])
+        history, start_epoch = state["history"], state["epoch"]
+        log(f"resumed after epoch {start_epoch}")
+    gen = torch.Generator().manual_seed(seed)
+    step = start_epoch * steps_per_epoch
+    for epoch in range(start_epoch, epochs):
+        rng = random.Random(seed + epoch)
+        bar = tqdm(_batches(rows, batch, max_len, rng), total=steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}")
+        sums, count = {}, 0
+        for seqs in bar:
+            loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, generator=gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            schedule.step()
+            step += 1
+            count += 1
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+            bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{stats['top1']:.2f}", top2=f"{stats['top2']:.2f}")
+            history.append({"step": step, "loss": float(loss), **stats})
+            if max_steps and step >= max_steps:
+                break
+        log(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sums.items() if k != "tokens"))
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "schedule": schedule.state_dict(),
+                    "history": history, "epoch": epoch + 1}, ckpt)
+        if max_steps and step >= max_steps:
+            break
+    return history
+
+
+# -- the command ---------------------------------------------------------------------------------
+def parse_args(argv=None):
+    def positive(text):
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        return value
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.train_draft", description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=positive, default=640, help="prompts the target answers")
+    parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
+    parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
+    parser.add_argument("--vocab", type=positive, default=8192, help="rows of the draft's reduced LM head")
+    parser.add_argument("--epochs", type=positive, default=4)
+    parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")
+    parser.add_argument("--max-len", type=positive, default=384, help="positions per sequence in training")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--noise", type=float, default=0.1, help="uniform feature noise, times the mean |h|")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=positive, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="where the draft goes (default: the shipped file)")
+    parser.add_argument("--results", type=Path, default=None, help="results root (default results/)")
+    parser.add_argument("--max-files", type=positive, default=6000, help="text files read for the prompts")
+    parser.add_argument("--tiny", action="store_true", help="the CI run: 4 prompts, 12 new tokens, 6 steps, vocab 512")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.prompts, args.gen_batch, args.max_new, args.vocab, args.max_files = 4, 4, 12, 512, 300
+        args.epochs, args.max_steps, args.batch, args.max_len = 3, 6, 2, 64
+    if not 0 < args.lr < 1:
+        parser.error(f"--lr must be in (0, 1), got {args.lr}")
+    if args.noise < 0:
+        parser.error(f"--noise must be >= 0, got {args.noise}")
+    return args
+
+
+def main(argv=None):
+    import torch
+
+    from specverify.integrations import learned_draft, smollm2
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "seed")}
+    if args.max_files != 6000:
+        data_params["max_files"] = args.max_files
+    train_params = {**data_params, **{k: getattr(args, k) for k in ("vocab", "epochs", "batch", "max_len", "lr", "noise", "max_steps")}}
+    data_dir = paths.result_dir(EXPERIMENT, {"data": data_params}, args.results)
+    run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"data: {data_dir}\nrun: {run_dir}")
+
+    model, tokenizer = smollm2.load(log=print)
+    model.requires_grad_(False)
+    prompts_file = data_dir / "prompts.json"
+    if prompts_file.is_file():
+        prompts, sources = json.loads(prompts_file.read_text()).values()
+    else:
+        prompts, sources = build_prompts(args.prompts, args.seed, args.max_files)
+        prompts.sort(key=len)  # batches of similar length: little padding in generate
+        data_dir.mkdir(parents=True, exist_ok=True)
+        prompts_file.write_text(json.dumps({"prompts": prompts, "sources": sources}))
+    shards = collect_data(model, tokenizer, prompts, data_dir, args.gen_batch, args.max_new, args.seed)
+    rows = [r for r in load_sequences(shards) if r[1].shape[0] >= 4]
+    n_tokens = sum(int(t.numel()) for t, _ in rows)
+    always = sorted(set(tokenizer.all_special_ids))
+    vocab_ids, coverage = reduced_vocabulary(rows, args.vocab, always)
+    print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} of them")
+
+    torch.manual_seed(args.seed)
+    head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
+    head.init_from_layer(model.model.layers[-1])
+    history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
+                    max_steps=args.max_steps)
+    out = args.out if args.out is not None else learned_draft.DEFAULT_WEIGHTS
+    last = history[-max(1, len(history) // 10):]
+    meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
+            "vocab_coverage": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
+            "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in ("loss", "ce1", "ce2", "top1", "top2", "overlap1")},
+            "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
+            "run": paths.run_metadata()}
+    learned_draft.save(head, out, meta=meta)
+    (run_dir / "history.json").write_text(json.dumps(history))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): {json.dumps(meta['final'])}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

