@@ -24,9 +24,10 @@ ones: the draft keeps its cache of true pairs across rounds); drafted token ``d_
 target's.
 
 Pieces: :class:`FeatureHead` (the module; training and inference), :func:`load` /
-:func:`save` (safetensors), :class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with
-its rows), :class:`LearnedTreeDraft` (EAGLE-2 dynamic tree), :class:`HybridDraft` (a trusted
-prompt-lookup match first, the learned draft otherwise).
+:func:`save` (safetensors), :class:`HiddenTap` (the target's hidden states, by hooks),
+:class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with its rows), :class:`HybridDraft`
+(a trusted prompt-lookup match first, the learned draft otherwise), :func:`learned_callbacks`.
+Trees (an EAGLE-2 dynamic tree from the draft's probabilities) are not built yet.
 """
 
 from __future__ import annotations
@@ -354,7 +355,7 @@ class HybridDraft:
 
     ``lookup`` is a :class:`~specverify.integrations.transformers.PromptLookupDraft`; its proposal
     is taken when its match is of order at least ``min_ngram`` and not contradicted
-    (:meth:`PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
+    (:meth:`~specverify.integrations.transformers.PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
     same token as the copied one), where copying is nearly always right; otherwise ``learned``
     drafts. Both proposals verify exactly (a lookup proposal is a point mass). Counters:
     ``lookup_rounds``, ``learned_rounds``.
