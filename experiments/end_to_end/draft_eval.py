@@ -25,11 +25,9 @@ is written from them (``--table-only`` rewrites it from the cached run).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from .. import paths
@@ -130,12 +128,8 @@ def acceptance_summary(records, k: int):
 
 
 def _write_csv(path, rows):
-    if not rows:
-        return
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    if rows:
+        real_model._write_csv(path, rows, list(rows[0]))
 
 
 def write_table(summary, speed, meta, out_path, command):

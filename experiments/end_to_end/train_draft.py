@@ -41,7 +41,6 @@ import os
 import random
 import re
 import site
-import sys
 import time
 from pathlib import Path
 
@@ -246,7 +245,7 @@ def reduced_vocabulary(rows, size: int, always):
 
 
 # -- 3. training ---------------------------------------------------------------------------------
-def _batches(rows, batch: int, max_len: int, rng: random.Random):
+def _batches(rows, batch: int, rng: random.Random):
     order = list(range(len(rows)))
     rng.shuffle(order)
     for i in range(0, len(order), batch):
@@ -338,7 +337,7 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
     step = start_epoch * steps_per_epoch
     for epoch in range(start_epoch, epochs):
         rng = random.Random(seed + epoch)
-        bar = tqdm(_batches(rows, batch, max_len, rng), total=steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}")
+        bar = tqdm(_batches(rows, batch, rng), total=steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}")
         sums, count = {}, 0
         for seqs in bar:
             loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, generator=gen)

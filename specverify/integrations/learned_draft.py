@@ -40,6 +40,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .transformers import _common_prefix
+
 __all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "HybridDraft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
@@ -205,12 +207,6 @@ def metadata(path=None) -> dict:
 
 
 # -- drafting ------------------------------------------------------------------------------------
-def _common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    m = min(a.numel(), b.numel())
-    differ = torch.nonzero(a[:m] != b[:m])
-    return int(differ[0, 0]) if differ.numel() else m
-
-
 class HiddenTap:
     """The target's last-layer hidden states of the sequence its KV cache holds.
 
