@@ -10,11 +10,23 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages:
    a heading ...) as one user turn of the chat template. The project's prompt sets
    (:mod:`experiments.end_to_end.real_model`) are the held-out evaluation: no template copies
    their instructions and no text of theirs is used.
-2. **Self-distillation data**: the target answers each prompt (batched ``generate``, half greedy,
-   half sampled at temperature 0.7 / top-p 0.9, up to ``--max-new`` tokens); a forward pre-hook on
-   its final norm keeps the last-layer hidden states ``h_t`` of every position, so the soft labels
-   (the target's distribution at every position, ``softmax(W norm(h_t))``) need no second pass.
-   Stored in shards of float16 hidden states and int32 tokens.
+2. **Self-distillation data**, two kinds, both stored as shards of int32 tokens and float16
+   last-layer hidden states ``h_t`` of every position (a forward pre-hook on the target's final
+   norm keeps them, so the soft labels -- the target's distribution at every position,
+   ``softmax(W norm(h_t))`` -- need no second pass):
+
+   - *answers*: the target answers each prompt (batched ``generate``, half greedy, half sampled at
+     temperature 0.7 / top-p 0.9, up to ``--max-new`` tokens): the draft's inputs at inference
+     (the target's own tokens) exactly, at ~75 tokens/s on one core;
+   - *documents*: one teacher-forced forward over a chat whose user turn asks to continue a piece
+     of a file and whose assistant turn is the text that follows it in that file: the target's
+     features and distributions on text it did not write, at ~200 tokens/s on one core (no
+     decoding), so the data grows ~3x faster per core.
+
+   Both are drawn in chunks (``GEN_CHUNK`` prompts, ``DOC_CHUNK`` documents), chunk ``c`` from
+   its own seed, so a larger ``--prompts`` or ``--documents`` adds chunks and keeps every shard
+   already made; ``--data-workers`` processes (one torch thread each) make the shards side by
+   side.
 3. **Training**: pair ``t`` is ``(h_t, x_{t+1})``; the draft's output ``f_t`` is pulled towards
    ``h_{t+1}`` (smooth L1 on RMS-normalized features) and its distribution over the reduced
    vocabulary towards the target's at ``t + 1`` restricted to it (cross-entropy on soft labels), as
@@ -24,8 +36,9 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages:
    reduced vocabulary is the ``--vocab`` most frequent tokens of the data (chat-template tokens
    always included).
 
-Everything lands in ``results/train_draft/<key>/`` (the key hashes the parameters; an interrupted
-run resumes at the next missing shard or epoch); the trained draft is written to ``--out``
+Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the parameters of how
+a shard is made, not how many there are; the run's key all parameters; an interrupted run resumes
+at the next missing shard or epoch); the trained draft is written to ``--out``
 (default: the shipped file :data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`), with
 the parameters, data sources and token counts and the losses in its metadata. ``--tiny`` is the
 CI-sized run (a handful of prompts, a few steps, a small vocabulary).
@@ -144,6 +157,72 @@ def build_prompts(n: int, seed: int, max_files: int = 6000):
     return prompts, {"prompts": counts, "pieces": {k: len(v) for k, v in pieces.items()}}
 
 
+# Chunks: chunk c of the answers draws its prompts with seed + CHUNK_SEED_STRIDE * c (chunk 0 with
+# the seed itself), chunk c of the documents with the string "documents:<seed>:<c>".
+GEN_CHUNK = 640
+DOC_CHUNK = 512
+CHUNK_SEED_STRIDE = 1_000_003
+DOC_TEMPLATES = [
+    "Continue this {kind}:\n{text}",
+    "Here is the beginning of a {kind}. Write what comes next.\n{text}",
+    "What comes after this {kind}?\n{text}",
+]
+
+
+def prompt_chunk(c: int, seed: int, max_files: int):
+    """Chunk ``c`` of the prompts: ``GEN_CHUNK`` prompts sorted by length (batches of similar length
+    pad little in ``generate``) and their sources."""
+    prompts, sources = build_prompts(GEN_CHUNK, seed + CHUNK_SEED_STRIDE * c, max_files)
+    return sorted(prompts, key=len), sources
+
+
+def _lines_piece(lines, start: int, min_chars: int, max_chars: int):
+    """Whole lines from ``start`` adding up to at most ``max_chars`` (None below ``min_chars``)."""
+    out, size = [], 0
+    for line in lines[start:]:
+        if size + len(line) + 1 > max_chars:
+            break
+        out.append(line)
+        size += len(line) + 1
+    return "\n".join(out).strip() if size >= min_chars else None
+
+
+def document_chunk(c: int, seed: int, max_files: int):
+    """Chunk ``c`` of the documents: ``DOC_CHUNK`` ``(user, assistant)`` turns, the user asking to
+    continue a piece of a file (300-900 characters), the assistant turn the text that follows it
+    there (400-1600 characters); half prose (up to three pieces a file: prose files are the fewer),
+    half code, license files left out (the same few texts again and again); and the count of each."""
+    rng = random.Random(f"documents:{seed}:{c}")
+    files = [f for f in _text_files(max_files, rng) if f.name not in ("copyright", "LICENSE", "LICENSE.txt", "COPYING")]
+    found = {"code": [], "text": []}
+    for path in files:
+        kind = "code" if path.suffix == ".py" else "text"
+        if len(found[kind]) >= DOC_CHUNK // 2:
+            if all(len(v) >= DOC_CHUNK // 2 for v in found.values()):
+                break
+            continue
+        lines = _read(path).splitlines()
+        for _ in range(1 if kind == "code" else 3):
+            if len(lines) <= 20:
+                break
+            start = rng.randrange(0, len(lines) - 20)
+            first = _lines_piece(lines, start, 300, 900)
+            if first is None:
+                continue
+            second = _lines_piece(lines, start + first.count("\n") + 1, 400, 1600)
+            if second is None or sum(ch.isalpha() for ch in first + second) < 0.4 * len(first + second):
+                continue
+            if kind == "code":
+                first, second = f"```python\n{first}\n```", f"```python\n{second}\n```"
+            name = "piece of Python code" if kind == "code" else "text"
+            found[kind].append((rng.choice(DOC_TEMPLATES).format(kind=name, text=first), second))
+    turns = [t for pair in zip(found["text"], found["code"]) for t in pair]
+    rest = found["text"][len(found["code"]):] + found["code"][len(found["text"]):]
+    turns = (turns + rest)[:DOC_CHUNK]
+    counts = {k: sum(1 for t in turns if t in v) for k, v in found.items()}
+    return turns, {"documents": counts, "files": len(files)}
+
+
 # -- 2. self-distillation data -------------------------------------------------------------------
 class _NormInputs:
     """A forward pre-hook on the target's final norm keeping every call's input ``[B, T, d]``."""
@@ -199,25 +278,110 @@ def generate_shard(model, tokenizer, prompts, max_new: int, sample: bool, seed: 
     return result
 
 
-def collect_data(model, tokenizer, prompts, data_dir: Path, batch: int, max_new: int, seed: int, log=print):
-    """Shards ``data_dir/shard_XXXXX.pt`` (resumable: existing shards are kept). Returns their paths."""
+def document_shard(model, tokenizer, turns, max_len: int):
+    """Teacher-forced hidden states of the chats ``turns`` (``(user, assistant)`` pairs), in the
+    format of :func:`generate_shard`: ``(tokens [n] int32, hidden [n - 1, d] float16)`` per chat,
+    cut at ``max_len`` tokens. One forward of the target's decoder (no LM head, no decoding)."""
+    import torch
+
+    seqs = [tokenizer.apply_chat_template([{"role": "user", "content": u}, {"role": "assistant", "content": a}],
+                                          tokenize=False) for u, a in turns]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:max_len] for text in seqs]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+    attention = torch.zeros(len(ids), width, dtype=torch.long)
+    for b, x in enumerate(ids):
+        input_ids[b, : len(x)] = torch.tensor(x)
+        attention[b, : len(x)] = 1
+    tap = _NormInputs(model)
+    try:
+        with torch.inference_mode():
+            model.model(input_ids=input_ids, attention_mask=attention)  # right padding: rows need no shift
+        (hidden,) = tap.take()
+    finally:
+        tap.remove()
+    return [(torch.tensor(x, dtype=torch.int32), hidden[b, : len(x) - 1].to(torch.float16).clone())
+            for b, x in enumerate(ids)]
+
+
+def _save(rows, path: Path):
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(rows, tmp)
+    os.replace(tmp, path)
+
+
+def _chunk_inputs(kind: str, c: int, data_dir: Path, seed: int, max_files: int):
+    """Chunk ``c``'s prompts (kind ``answers``) or chats (``documents``), cached as JSON."""
+    path = data_dir / f"{kind}_c{c:03d}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["items"]
+    items, sources = (prompt_chunk if kind == "answers" else document_chunk)(c, seed, max_files)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"items": items, "sources": sources}))
+    os.replace(tmp, path)
+    return items
+
+
+def shard_plan(args):
+    """Every shard of the run: ``(kind, chunk, index in chunk, path)``; the shard's batch is the
+    ``index``-th slice of the chunk's prompts or chats."""
+    plan = []
+    for kind, total, chunk, batch, folder in (("answers", args.prompts, GEN_CHUNK, args.gen_batch, args.answers_dir),
+                                               ("documents", args.documents, DOC_CHUNK, args.doc_batch, args.documents_dir)):
+        for c in range(math.ceil(total / chunk)):
+            for s in range(math.ceil(min(chunk, total - c * chunk) / batch)):
+                plan.append((kind, c, s, folder / f"shard_c{c:03d}_{s:05d}.pt"))
+    return plan
+
+
+def make_shards(args, worker: int = 0, workers: int = 1):
+    """Make the missing shards of :func:`shard_plan` whose position is ``worker`` modulo ``workers``
+    (resumable: shards on disk are kept)."""
     import torch
     from tqdm import tqdm
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    shards = []
-    n_shards = math.ceil(len(prompts) / batch)
-    for s in tqdm(range(n_shards), desc="target answers", unit="batch"):
-        path = data_dir / f"shard_{s:05d}.pt"
-        shards.append(path)
-        if path.is_file():
-            continue
-        chunk = prompts[s * batch : (s + 1) * batch]
-        rows = generate_shard(model, tokenizer, chunk, max_new, sample=bool(s % 2), seed=seed + s)
-        tmp = path.with_suffix(".tmp")
-        torch.save(rows, tmp)
-        os.replace(tmp, path)
-    return shards
+    from specverify.integrations import smollm2
+
+    torch.set_num_threads(1)  # one process per core: two threads each would oversubscribe them
+    plan = [item for i, item in enumerate(shard_plan(args)) if i % workers == worker]
+    todo = [item for item in plan if not item[3].is_file()]
+    if not todo:
+        return
+    model, tokenizer = smollm2.load(log=lambda *a: None)
+    for kind, c, s, path in tqdm(todo, desc=f"data (worker {worker + 1}/{workers})", unit="shard", position=worker):
+        folder = path.parent
+        items = _chunk_inputs(kind, c, folder, args.seed, args.max_files)
+        if kind == "answers":
+            chunk = items[s * args.gen_batch : (s + 1) * args.gen_batch]
+            rows = generate_shard(model, tokenizer, chunk, args.max_new, sample=bool(s % 2),
+                                  seed=args.seed + CHUNK_SEED_STRIDE * c + s)
+        else:
+            chunk = items[s * args.doc_batch : (s + 1) * args.doc_batch]
+            rows = document_shard(model, tokenizer, chunk, args.doc_len)
+        _save(rows, path)
+
+
+def collect_data(args):
+    """All shards of the run, made by ``args.data_workers`` processes side by side. Returns paths."""
+    plan = shard_plan(args)
+    for _, c, _, path in plan:  # the chunks' inputs once, before the workers share them
+        path.parent.mkdir(parents=True, exist_ok=True)
+    for kind, c in sorted({(k, c) for k, c, _, p in plan if not p.is_file()}):
+        _chunk_inputs(kind, c, args.answers_dir if kind == "answers" else args.documents_dir, args.seed, args.max_files)
+    workers = min(args.data_workers, max(1, sum(not p.is_file() for *_, p in plan)))
+    if workers == 1:
+        make_shards(args)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for future in [pool.submit(make_shards, args, w, workers) for w in range(workers)]:
+                future.result()
+    return [path for *_, path in plan]
 
 
 def load_sequences(shards):
@@ -371,9 +535,15 @@ def parse_args(argv=None):
         return value
 
     parser = argparse.ArgumentParser(prog="python -m experiments.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=positive, default=640, help="prompts the target answers")
+    parser.add_argument("--prompts", type=positive, default=640, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
+    parser.add_argument("--documents", type=int, default=2048,
+                        help=f"teacher-forced document chats (chunks of {DOC_CHUNK}; 0: none)")
+    parser.add_argument("--doc-batch", type=positive, default=16, help="document chats per forward")
+    parser.add_argument("--doc-len", type=positive, default=384, help="tokens per document chat at most")
+    parser.add_argument("--data-workers", type=positive, default=2, help="processes making data shards (one thread each)")
+    parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
     parser.add_argument("--vocab", type=positive, default=8192, help="rows of the draft's reduced LM head")
     parser.add_argument("--epochs", type=positive, default=4)
     parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")
@@ -390,11 +560,14 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.tiny:
         args.prompts, args.gen_batch, args.max_new, args.vocab, args.max_files = 4, 4, 12, 512, 300
+        args.documents, args.doc_batch, args.doc_len, args.data_workers = 4, 4, 48, 1
         args.epochs, args.max_steps, args.batch, args.max_len = 3, 6, 2, 64
     if not 0 < args.lr < 1:
         parser.error(f"--lr must be in (0, 1), got {args.lr}")
     if args.noise < 0:
         parser.error(f"--noise must be >= 0, got {args.noise}")
+    if args.documents < 0:
+        parser.error(f"--documents must be >= 0, got {args.documents}")
     return args
 
 
@@ -404,30 +577,34 @@ def main(argv=None):
     from specverify.integrations import learned_draft, smollm2
 
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
     started = time.time()
-    data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "seed")}
+    shard_params = {k: getattr(args, k) for k in ("seed", "max_files")}
+    args.answers_dir = paths.result_dir(EXPERIMENT, {"answers": {**shard_params, "gen_batch": args.gen_batch,
+                                                                   "max_new": args.max_new}}, args.results)
+    args.documents_dir = paths.result_dir(EXPERIMENT, {"documents": {**shard_params, "doc_batch": args.doc_batch,
+                                                                       "doc_len": args.doc_len}}, args.results)
+    data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "documents", "doc_batch", "doc_len", "seed")}
     if args.max_files != 6000:
         data_params["max_files"] = args.max_files
     train_params = {**data_params, **{k: getattr(args, k) for k in ("vocab", "epochs", "batch", "max_len", "lr", "noise", "max_steps")}}
-    data_dir = paths.result_dir(EXPERIMENT, {"data": data_params}, args.results)
     run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
+    print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}")
+    collect_data(args)
+    if args.data_only:
+        return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"data: {data_dir}\nrun: {run_dir}")
-
+    torch.set_num_threads(args.threads)
     model, tokenizer = smollm2.load(log=print)
     model.requires_grad_(False)
-    prompts_file = data_dir / "prompts.json"
-    if prompts_file.is_file():
-        prompts, sources = json.loads(prompts_file.read_text()).values()
-    else:
-        prompts, sources = build_prompts(args.prompts, args.seed, args.max_files)
-        prompts.sort(key=len)  # batches of similar length: little padding in generate
-        data_dir.mkdir(parents=True, exist_ok=True)
-        prompts_file.write_text(json.dumps({"prompts": prompts, "sources": sources}))
-    shards = collect_data(model, tokenizer, prompts, data_dir, args.gen_batch, args.max_new, args.seed)
-    rows = [r for r in load_sequences(shards) if r[1].shape[0] >= 4]
-    n_tokens = sum(int(t.numel()) for t, _ in rows)
+    sources, tokens_by_kind, rows = {}, {}, []
+    for kind, c, _, path in shard_plan(args):
+        name = f"{kind}_c{c:03d}"
+        if name not in sources:
+            sources[name] = json.loads((path.parent / f"{name}.json").read_text())["sources"]
+        shard_rows = [r for r in load_sequences([path]) if r[1].shape[0] >= 4]
+        tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _ in shard_rows)
+        rows += shard_rows
+    n_tokens = sum(tokens_by_kind.values())
     always = sorted(set(tokenizer.all_special_ids))
     vocab_ids, coverage = reduced_vocabulary(rows, args.vocab, always)
     print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} of them")
@@ -440,6 +617,7 @@ def main(argv=None):
     out = args.out if args.out is not None else learned_draft.DEFAULT_WEIGHTS
     last = history[-max(1, len(history) // 10):]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
+            "tokens_by_kind": tokens_by_kind,
             "vocab_coverage": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in ("loss", "ce1", "ce2", "top1", "top2", "overlap1")},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
