@@ -66,14 +66,16 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
     """Per-round records of the learned draft (alone) on every prompt, greedy and sampling.
 
     Returns a list of dicts: ``mode, prompt, round, position, reached, accepted (greedy: argmax
-    match; sampling: the overlap a_i), emitted`` (tokens the round emitted).
+    match; sampling: the overlap a_i), emitted`` (tokens the round emitted), and the share of the
+    target's greedy continuations' tokens inside the draft's reduced vocabulary.
     """
     import torch
 
     import specverify as sv
     from specverify.integrations.learned_draft import learned_callbacks
 
-    records = []
+    records, inside, generated = [], 0, 0
+    vocab = set(head.vocab_ids.tolist())
     for mode in ("greedy", "sample"):
         for name, prompt in ids.items():
             greedy = mode == "greedy"
@@ -82,7 +84,11 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
             rec = _Recorder(d, t)
             dec = sv.SpeculativeDecoder(_Mode(rec.draft, greedy), _Mode(rec.target, greedy), k=k, greedy=greedy,
                                         generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos)
-            dec.generate(prompt, max_new)
+            out = dec.generate(prompt, max_new)
+            if greedy:  # the target's own greedy continuation (greedy output == the target's)
+                new = out[prompt.numel():].tolist()
+                inside += sum(t in vocab for t in new)
+                generated += len(new)
             for r, ((tokens, probs, rows), emitted) in enumerate(zip(rec.rounds, dec.stats.emitted)):
                 for i in range(tokens.numel()):
                     if greedy:
@@ -92,7 +98,7 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
                         value = float(torch.minimum(p, probs[i].double()).sum())
                     records.append(dict(mode=mode, prompt=name, round=r, position=i + 1,
                                         reached=int(i < emitted), value=value, emitted=emitted))
-    return records
+    return records, inside / max(1, generated)
 
 
 class _Mode:
@@ -141,12 +147,17 @@ def write_table(summary, speed, meta, out_path, command):
              f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), one torch thread, {meta['utc'][:10]}; "
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
-             f"Draft: {info.get('tokens', '?')} training tokens, reduced vocabulary {info.get('params', {}).get('vocab', '?')} "
-             f"(covers {info.get('vocab_coverage', '?')} of the training tokens), trained in {info.get('minutes', '?')} min (data and training, on this machine under load).", "",
+             f"Draft: {info.get('tokens', '?')} training tokens{_by_kind(info)}, reduced vocabulary "
+             f"{info.get('params', {}).get('vocab', '?')} (covers {info.get('vocab_coverage', '?')} of the training tokens"
+             + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
+                if "vocab_coverage" in summary.get("greedy", {}) else "")
+             + f"), trained in {info.get('minutes', '?')} min of this machine (data and training).", "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
              "|---|" + "--:|" * (meta["k"] + 2)]
     for mode, s in summary.items():
+        if "rates" not in s:
+            continue
         lines.append(f"| {mode} | " + " | ".join(f"{x:.3f}" for x in s["rates"]) +
                      f" | {s['predicted']:.2f} | {s['measured']:.2f} |")
     lines += ["", "Greedy: the rate at which draft token i equals the target's argmax; sampling: the overlap "
@@ -159,6 +170,11 @@ def write_table(summary, speed, meta, out_path, command):
             lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
                          f"{s['tokens_per_round']:.2f} | {s['draft_share']} | {s['same']} |")
     Path(out_path).write_text("\n".join(lines) + "\n")
+
+
+def _by_kind(info) -> str:
+    kinds = info.get("tokens_by_kind")
+    return " (" + ", ".join(f"{n:,} {kind}" for kind, n in kinds.items()) + ")" if kinds else ""
 
 
 def _cpu_name() -> str:
@@ -239,9 +255,10 @@ def main(argv=None):
     params["_head"] = head
     out_dir.mkdir(parents=True, exist_ok=True)
     sample = dict(temperature=0.7, top_k=0, top_p=0.9)
-    records = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
+    records, coverage = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
     _write_csv(out_dir / "acceptance.csv", records)
     summary = acceptance_summary(records, args.k)
+    summary["greedy"]["vocab_coverage"] = coverage
     print(json.dumps(summary, indent=1))
     speed = []
     if not args.skip_speed:

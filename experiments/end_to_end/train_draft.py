@@ -477,8 +477,10 @@ def draft_losses(head, tokens, hidden, valid, noise: float, generator=None):
 
 
 def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: float, seed: int,
-          ckpt_dir: Path, max_steps: int = 0, log=print):
-    """AdamW with warmup and cosine decay; a checkpoint per epoch (resumable). Returns the loss log."""
+          ckpt_dir: Path, max_steps: int = 0, checkpoint_every: int = 50, log=print):
+    """AdamW with warmup and cosine decay; a checkpoint every ``checkpoint_every`` steps and at the
+    end of each epoch (resumable mid-epoch: the epoch's batch order is a function of the seed).
+    Returns the loss log."""
     import torch
     from tqdm import tqdm
 
@@ -488,20 +490,30 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
     total = epochs * steps_per_epoch if not max_steps else max_steps
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, total // 20)) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-    history, start_epoch = [], 0
+    history, step = [], 0
     ckpt = ckpt_dir / "checkpoint.pt"
+
+    def save_checkpoint():
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "schedule": schedule.state_dict(),
+                    "history": history, "step": step}, tmp)
+        os.replace(tmp, ckpt)
+
     if ckpt.is_file():
         state = torch.load(ckpt)
         head.load_state_dict(state["head"], strict=False)
         opt.load_state_dict(state["opt"])
         schedule.load_state_dict(state["schedule"])
-        history, start_epoch = state["history"], state["epoch"]
-        log(f"resumed after epoch {start_epoch}")
-    gen = torch.Generator().manual_seed(seed)
-    step = start_epoch * steps_per_epoch
-    for epoch in range(start_epoch, epochs):
+        history, step = state["history"], state["step"]
+        log(f"resumed after step {step}")
+    gen = torch.Generator().manual_seed(seed + step)
+    for epoch in range(step // steps_per_epoch, epochs):
+        done = step - epoch * steps_per_epoch  # batches of this epoch already trained on
         rng = random.Random(seed + epoch)
-        bar = tqdm(_batches(rows, batch, rng), total=steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}")
+        batches = _batches(rows, batch, rng)
+        for _ in range(done):
+            next(batches)
+        bar = tqdm(batches, total=steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{epochs}")
         sums, count = {}, 0
         for seqs in bar:
             loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, generator=gen)
@@ -518,9 +530,11 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
             history.append({"step": step, "loss": float(loss), **stats})
             if max_steps and step >= max_steps:
                 break
-        log(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sums.items() if k != "tokens"))
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "schedule": schedule.state_dict(),
-                    "history": history, "epoch": epoch + 1}, ckpt)
+            if step % checkpoint_every == 0:
+                save_checkpoint()
+        if count:
+            log(f"epoch {epoch + 1}: " + ", ".join(f"{k} {v / count:.3f}" for k, v in sums.items() if k != "tokens"))
+        save_checkpoint()
         if max_steps and step >= max_steps:
             break
     return history
@@ -545,7 +559,7 @@ def parse_args(argv=None):
     parser.add_argument("--data-workers", type=positive, default=2, help="processes making data shards (one thread each)")
     parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
     parser.add_argument("--vocab", type=positive, default=8192, help="rows of the draft's reduced LM head")
-    parser.add_argument("--epochs", type=positive, default=4)
+    parser.add_argument("--epochs", type=positive, default=1, help="passes over the data (one: the data grows by chunks instead)")
     parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")
     parser.add_argument("--max-len", type=positive, default=384, help="positions per sequence in training")
     parser.add_argument("--lr", type=float, default=1e-3)
