@@ -306,7 +306,7 @@ def test_tree_greedy_output_equals_generate(smol, text):
     out = dec.generate(ids, 20)
     ref = model.generate(ids[None], max_new_tokens=20, do_sample=False)[0]
     assert out.tolist() == ref.tolist()
-    assert dec.stats.tree_rounds == dec.stats.rounds and dec.stats.rounds < 20
+    assert dec.stats.tree_rounds >= dec.stats.rounds - 1 and dec.stats.rounds < 20  # the last round may draft 0
     assert t.lm.reused_tree > 0  # the accepted paths' entries were kept, not recomputed
 
 
