@@ -20,6 +20,13 @@ on the same chat prompts (copy / edit prompts, where prompt lookup shines, and a
 - ``sv_sample_ee_block``   the same with block verification (``accept_block``): same output law,
                            more tokens per target pass from the same stochastic draft
 
+The learned-draft configs (run by :mod:`experiments.end_to_end.draft_eval`, which loads the draft
+into ``p["_head"]``): ``sv_greedy_learned``, ``sv_sample_learned`` (the chain
+:class:`~specverify.integrations.learned_draft.LearnedDraft`), ``_hybrid`` in place of
+``_learned`` (prompt lookup first), and ``sv_greedy_learned_tree``, ``sv_sample_learned_tree``
+(:class:`~specverify.integrations.learned_draft.LearnedTreeDraft`, ``node_budget`` nodes, depth
+``k_learned``); ``LEARNED_CONFIGS`` lists them.
+
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
 :class:`~specverify.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
 allowed) from the rounds before, pricing a round by the nodes its trees score; one policy per
@@ -175,6 +182,7 @@ LONG_PROMPTS = {
 CONFIGS = ["hf_greedy", "hf_greedy_torchlinears", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "hf_sample_torchlinears", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
+LEARNED_CONFIGS = ["sv_greedy_learned", "sv_sample_learned", "sv_greedy_learned_tree", "sv_sample_learned_tree"]
 FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "linears", "temperature", "top_k", "top_p", "k", "node_budget",
           "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
@@ -263,6 +271,27 @@ def _draft_name(config, p) -> str:
     return "early_exit_%d" % p["ee_layers"] if "ee" in config else ""
 
 
+def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_budget: int):
+    """``(draft_step, target_step)`` of a specverify config (``config`` without its ``_torchwarp`` /
+    ``_auto`` suffixes): the learned draft (``p["_head"]``, loaded by the caller; ``_learned``,
+    ``_hybrid``, a ``_tree`` of them with :class:`~specverify.integrations.learned_draft.LearnedTreeDraft`),
+    prompt lookup or the early-exit ``draft_model``."""
+    import torch
+
+    from specverify.integrations.transformers import speculative_callbacks
+
+    sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
+    generator = torch.Generator().manual_seed(p["seed"])
+    if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
+        from specverify.integrations.learned_draft import learned_callbacks
+
+        return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
+                                 tree=tree, node_budget=node_budget, **sample)
+    draft = "prompt_lookup" if "lookup" in config else draft_model
+    return speculative_callbacks(model, draft, greedy=greedy, generator=generator, tree=tree,
+                                 node_budget=node_budget, **sample)
+
+
 def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     """One generation; returns a CSV row (dict) without the ``prompt`` column.
 
@@ -271,7 +300,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
     import torch
 
     import specverify as sv
-    from specverify.integrations.transformers import WarpLogitsProcessor, speculative_callbacks
+    from specverify.integrations.transformers import WarpLogitsProcessor
 
     eos = tokenizer.eos_token_id
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
@@ -290,7 +319,8 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
                k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
                                                                    else p.get("k_learned", 4) if _learned(config)
                                                                    else p["k_ee"] if "ee" in config else 0),
-               node_budget=(p["node_budget"] if "lookup" in config else p["ee_node_budget"]) if tree else "")
+               node_budget=(p["node_budget"] if "lookup" in config or _learned(config) else p["ee_node_budget"])
+               if tree else "")
     for key in ("drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s", "other_s", "verify_share"):
         row[key] = float("nan")
     seed = p["seed"]
@@ -317,16 +347,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         passes = counter.n
     else:
         greedy = config.startswith("sv_greedy")
-        if _learned(config):  # the learned draft (p["_head"], loaded by the caller), alone or after prompt lookup
-            from specverify.integrations.learned_draft import learned_callbacks
-
-            draft_step, target_step = learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy,
-                                                        generator=torch.Generator().manual_seed(seed), **sample)
-        else:
-            draft = "prompt_lookup" if "lookup" in config else draft_model
-            draft_step, target_step = speculative_callbacks(
-                model, draft, greedy=greedy, generator=torch.Generator().manual_seed(seed), tree=tree,
-                node_budget=row["node_budget"] or 1, **sample)
+        draft_step, target_step = sv_callbacks(config, model, draft_model, p, greedy, tree, row["node_budget"] or 1)
         if torch_warp:  # the same callbacks, their rows warped in torch
             for step in (draft_step, target_step):
                 if hasattr(step, "sampling"):

@@ -26,8 +26,9 @@ target's.
 Pieces: :class:`FeatureHead` (the module; training and inference), :func:`load` /
 :func:`save` (safetensors), :class:`HiddenTap` (the target's hidden states, by hooks),
 :class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with its rows), :class:`HybridDraft`
-(a trusted prompt-lookup match first, the learned draft otherwise), :func:`learned_callbacks`.
-Trees (an EAGLE-2 dynamic tree from the draft's probabilities) are not built yet.
+(a trusted prompt-lookup match first, the learned draft otherwise), :class:`LearnedTreeDraft`
+(an EAGLE-2 dynamic tree from the draft's probabilities, one batched draft call per level),
+:func:`learned_callbacks`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .transformers import _common_prefix
+from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
+from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "HybridDraft", "learned_callbacks"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
 
@@ -211,12 +213,24 @@ class HiddenTap:
     """The target's last-layer hidden states of the sequence its KV cache holds.
 
     Two hooks on the target model: a forward pre-hook on the model records where each forward
-    starts (the length its cache already holds) and the token ids it feeds; one on its final norm
-    keeps the norm's input ``[T, d]``. :meth:`features` applies the forwards in order and returns
-    ``(hidden [M, d], tokens [M])``: ``hidden[t]`` is ``h_t`` of the sequence ``tokens`` (a function of
-    ``tokens[: t + 1]`` only, so it holds for any sequence sharing that prefix). A forward over
-    another cache than the one before starts over; a tree forward (explicit positions) keeps only
-    the prefix before it; batched forwards are ignored (``lm``'s forwards have batch 1).
+    starts (the length its cache already holds), the token ids it feeds and, for a forward with
+    explicit positions (a tree forward of
+    :meth:`~specverify.integrations.transformers.CachedCausalLM.tree_logits`), the tree its
+    attention mask describes; one on its final norm keeps the norm's input ``[T, d]``.
+    :meth:`features` applies the forwards in order and returns ``(hidden [M, d], tokens [M])``:
+    ``hidden[t]`` is ``h_t`` of the sequence ``tokens`` (a function of ``tokens[: t + 1]`` only, so
+    it holds for any sequence sharing that prefix). A forward over another cache than the one
+    before starts over; batched forwards are ignored (``lm``'s forwards have batch 1).
+
+    Trees: the fed rows of a tree forward (the fresh prefix tokens, then the nodes) form a tree
+    below the held sequence: row ``r``'s parent is the deepest fed row it attends to, and the
+    forward is taken only when row ``r`` attends to every held position, exactly its ancestors and
+    itself, at position ``start + depth(r) - 1`` (what a plain forward over its path would see; any
+    other mask keeps only the prefix before it). The tree's rows stay pending until
+    :meth:`features` is given the sequence the decoder went on with: the rows of the path that
+    sequence follows are appended (the cache's own compaction keeps the same path), so the next
+    round's features need no recomputation. A later forward is checked against the tokens the
+    cache then holds (``lm.tokens``): the tap keeps only what agrees with them.
     """
 
     def __init__(self, lm):
@@ -224,8 +238,9 @@ class HiddenTap:
         model = lm.model
         self.hidden = torch.empty(0, model.config.hidden_size)  # [M, d]
         self.tokens = torch.empty(0, dtype=torch.int64)  # [M]
+        self.tree = None  # (ids [T], parents [T], rows [T, d]): a pending tree below self.tokens
         self._cache = None  # the cache of the forwards applied so far (by identity)
-        self._pending = []  # [cache, start, ids [T], is_tree, rows [T, d] or None] per forward
+        self._pending = []  # [cache, start, ids [T], tree parents [T] / None / False, rows [T, d] / None, held] per forward
         self._handles = [model.register_forward_pre_hook(self._start, with_kwargs=True),
                          model.model.norm.register_forward_pre_hook(self._keep)]
 
@@ -235,7 +250,11 @@ class HiddenTap:
         if ids is None or ids.shape[0] != 1:
             return
         start = cache.get_seq_length() if cache is not None else 0
-        self._pending.append([cache, start, ids[0].detach().clone(), kwargs.get("position_ids") is not None, None])
+        tree = None
+        if kwargs.get("position_ids") is not None:
+            tree = _fed_tree(kwargs.get("attention_mask"), kwargs["position_ids"], start, ids.shape[1])
+        held = self.lm.tokens.clone() if cache is not None and cache is self.lm.cache else None
+        self._pending.append([cache, start, ids[0].detach().clone(), tree, None, held])
 
     def _keep(self, module, args) -> None:
         if self._pending and self._pending[-1][4] is None:  # the first norm call after the model's start
@@ -246,22 +265,127 @@ class HiddenTap:
         for handle in self._handles:
             handle.remove()
 
-    def features(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(hidden [M, d], tokens [M])`` after the target's forwards so far."""
-        for cache, start, ids, is_tree, rows in self._pending:
-            known = self.tokens.numel() if cache is self._cache and cache is not None else 0
+    def _settle(self, seq: Optional[torch.Tensor]) -> None:
+        """Append the pending tree's rows along the path ``seq`` ``[L]`` follows (none if ``seq`` is None)."""
+        if self.tree is None:
+            return
+        ids, parents, rows = self.tree
+        self.tree = None
+        base = self.tokens.numel()
+        if seq is None or _common_prefix(self.tokens, seq) < base:
+            return
+        children = {}
+        for i, (p, t) in enumerate(zip(parents.tolist(), ids.tolist())):
+            children.setdefault((p, t), i)
+        node, path = -1, []
+        for t in seq[base:].tolist():
+            node = children.get((node, t))
+            if node is None:
+                break
+            path.append(node)
+        if path:
+            self.hidden = torch.cat([self.hidden, rows[path]])
+            self.tokens = torch.cat([self.tokens, ids[path]])
+
+    def features(self, seq: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden [M, d], tokens [M])`` after the target's forwards so far.
+
+        ``seq`` ``[L]``: the sequence the decoder continues with; a pending tree (the last forward
+        was a tree's) then contributes the rows of the path ``seq`` follows. Without it the tree
+        stays pending and only what was known before its forward is returned (the prefix tokens
+        fed with the tree are rows of that pending tree too).
+        """
+        for cache, start, ids, tree, rows, held in self._pending:
+            same = cache is self._cache and cache is not None
+            if held is not None and same:
+                self._settle(held)  # the path the cache kept (it compacts before feeding)
+            self.tree = None if not same else self.tree
+            known = self.tokens.numel() if same else 0
+            if held is not None:
+                known = min(known, _common_prefix(self.tokens, held))
             self._cache = cache
-            if rows is None or is_tree or start > known or rows.shape[0] != ids.numel():
+            if rows is None or tree is False or start > known or rows.shape[0] != ids.numel():
                 keep = min(known, start)  # what this forward did not touch
-                self.hidden, self.tokens = self.hidden[:keep], self.tokens[:keep]
+                self.hidden, self.tokens, self.tree = self.hidden[:keep], self.tokens[:keep], None
                 continue
-            self.hidden = torch.cat([self.hidden[:start], rows])
-            self.tokens = torch.cat([self.tokens[:start], ids])
+            self.hidden, self.tokens = self.hidden[:start], self.tokens[:start]
+            if tree is None:  # a plain causal forward
+                self.hidden, self.tokens, self.tree = torch.cat([self.hidden, rows]), torch.cat([self.tokens, ids]), None
+            else:
+                self.tree = (ids, tree, rows)
         self._pending = []
+        if seq is not None:
+            self._settle(torch.as_tensor(seq).reshape(-1))
         return self.hidden, self.tokens
 
 
-class LearnedDraft:
+def _fed_tree(mask, positions, start: int, n_fed: int):
+    """The tree ``parents [T]`` of a forward's fed rows (the mask's view), or False when the mask is
+    not a tree's: every row must attend to all ``start`` held positions, to exactly its ancestors
+    and itself among the fed rows, and sit at ``start + depth - 1``. A row's parent is the deepest
+    fed row it attends to. ``mask``: an additive ``[1, 1, T, start + T]`` mask (0 = attend) or a
+    bool one, or None (causal); ``positions`` ``[1, T]``."""
+    positions = positions.reshape(-1)
+    if positions.numel() != n_fed:
+        return False
+    if mask is None:
+        parents = torch.arange(-1, n_fed - 1, dtype=torch.int64)
+    else:
+        if mask.dim() != 4 or mask.shape[0] != 1 or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (n_fed, start + n_fed):
+            return False
+        allowed = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+        if not bool(allowed[:, :start].all()):
+            return False
+        fed = allowed[:, start:]  # [T, T]
+        below = fed & torch.ones(n_fed, n_fed, dtype=torch.bool).tril(-1)
+        idx = torch.arange(n_fed)
+        parents = torch.where(below.any(1), (below * (idx[None, :] + 1)).max(1).values - 1, torch.tensor(-1))
+        if not torch.equal(fed, ancestor_mask(parents)):
+            return False
+    if not torch.equal(positions, start - 1 + depths(parents)):
+        return False
+    return parents
+
+
+class _PairCache:
+    """What the learned drafts share: the target's hidden states (:class:`HiddenTap`) and the
+    draft's KV cache of the true pairs ``(h_t, x_{t+1})``, kept across rounds (only new pairs are
+    fed). ``target``: the verifying
+    :class:`~specverify.integrations.transformers.CausalLMTarget`."""
+
+    def __init__(self, head: FeatureHead, target):
+        self.head = head
+        self.lm = target.lm
+        self.sampling = target.sampling
+        self.greedy = bool(self.sampling.greedy)
+        self.vocab_size = int(head.embed.shape[0])
+        self.tap = HiddenTap(self.lm)
+        self._past = None  # (keys, values) [1, kv, P, hd] of the true pairs 0 .. P-1
+        self._pair_tokens = torch.empty(0, dtype=torch.int64)  # tokens 0 .. P the pairs were built on
+        self.steps = 0
+        self.proposed = 0
+
+    def _sync(self, seq: torch.Tensor):
+        """Feed the true pairs up to ``N - 2`` (``N = len(seq)``); return the last one's ``(f [d], logits [V_r])``."""
+        n = seq.numel()
+        hidden, known = self.tap.features(seq)
+        if _common_prefix(known, seq) < n - 1:  # the target has not scored this prefix: let it
+            self.lm.reset()  # (from scratch: positions its cache holds may be unknown to the tap)
+            self.lm.logits(seq, 1)
+            hidden, known = self.tap.features(seq)
+        pairs = n - 1
+        keep = max(0, min(_common_prefix(self._pair_tokens, seq) - 1, pairs - 1))
+        past = None
+        if keep and self._past is not None:
+            past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
+        feats = hidden[keep:pairs][None]  # [1, T, d]
+        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past)
+        self._pair_tokens = seq[: pairs + 1].clone()
+        self.steps += 1
+        return f[0, -1], logits[0, -1]
+
+
+class LearnedDraft(_PairCache):
     """``draft_step(prefix, k, stop=None) -> (tokens [j], probs [j, V] or None)`` from a
     :class:`FeatureHead` reading the target's own hidden states (EAGLE), j <= k.
 
@@ -279,36 +403,8 @@ class LearnedDraft:
     """
 
     def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None):
-        self.head = head
-        self.lm = target.lm
-        self.sampling = target.sampling
-        self.greedy = bool(self.sampling.greedy)
-        self.vocab_size = int(head.embed.shape[0])
+        super().__init__(head, target)
         self.generator = generator
-        self.tap = HiddenTap(self.lm)
-        self._past = None  # (keys, values) [1, kv, P, hd] of the true pairs 0 .. P-1
-        self._pair_tokens = torch.empty(0, dtype=torch.int64)  # tokens 0 .. P the pairs were built on
-        self.steps = 0
-        self.proposed = 0
-
-    def _sync(self, seq: torch.Tensor):
-        """Feed the true pairs up to ``N - 2`` (``N = len(seq)``); return the last one's ``(f [d], logits [V_r])``."""
-        n = seq.numel()
-        hidden, known = self.tap.features()
-        if _common_prefix(known, seq) < n - 1:  # the target has not scored this prefix: let it
-            self.lm.reset()  # (from scratch: positions its cache holds may be unknown to the tap)
-            self.lm.logits(seq, 1)
-            hidden, known = self.tap.features()
-        pairs = n - 1
-        keep = max(0, min(_common_prefix(self._pair_tokens, seq) - 1, pairs - 1))
-        past = None
-        if keep and self._past is not None:
-            past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
-        feats = hidden[keep:pairs][None]  # [1, T, d]
-        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past)
-        self._pair_tokens = seq[: pairs + 1].clone()
-        self.steps += 1
-        return f[0, -1], logits[0, -1]
 
     @torch.inference_mode()
     def __call__(self, prefix: torch.Tensor, k: int, stop=None):
@@ -346,6 +442,76 @@ class LearnedDraft:
         return tokens[:drawn].clone(), None if probs is None else probs[:drawn].clone()
 
 
+class LearnedTreeDraft(_PairCache):
+    """``draft_step(prefix, k) -> DraftTree``: an EAGLE-2 dynamic tree from the :class:`FeatureHead`.
+
+    As :class:`~specverify.integrations.transformers.CausalLMTreeDraft`, with the learned draft's
+    pairs in place of a draft model's tokens. After the true pairs are synced (as
+    :class:`LearnedDraft`: the target's hidden states, the draft's cache of true pairs kept across
+    rounds), the last true pair's logits give the root's children. At each depth the ``top_k``
+    most likely children of every frontier node (softmax over the reduced vocabulary at
+    ``temperature``) are scored by the product of draft probabilities along their path; the
+    ``beam`` best are expanded by ONE :class:`FeatureHead` call over those nodes: node ``c``'s pair
+    is ``(f_parent, token_c)`` (``f`` of the root is the last true pair's), at position
+    ``N - 2 + depth(c)`` (``N = len(prefix)``), attending to every true pair, its expanded
+    ancestors and itself (tree attention over the draft's own KV: ``[P + E, ...]``, the true
+    pairs then the expanded nodes). After ``k`` levels every candidate competes by that product
+    and the best ``node_budget`` form the tree (the same rerank as
+    :class:`~specverify.integrations.transformers.CausalLMTreeDraft`: ancestors score at least as high as their children, so the kept set is a tree).
+
+    Children are deterministic (``probs=None``, verified by sample-and-match) in greedy and
+    sampling mode alike, so the decoder's output law is the target's whatever the draft proposes.
+    Tree nodes' pairs are dropped after the call (the cache keeps the true pairs only); after the
+    target scores the tree, :class:`HiddenTap` takes the hidden rows of the path the decoder
+    accepted from that forward. Counters: ``steps`` (draft forwards), ``proposed`` (nodes);
+    ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r]}`` of the root (``()``) and
+    every expanded node of the latest call. Not thread-safe (one decoder at a time, as the target).
+    """
+
+    def __init__(self, head: FeatureHead, target, node_budget: int = 16, top_k: int = 4, beam: int = 4,
+                 temperature: float = 1.0):
+        _check_tree_shape(node_budget, top_k, beam, temperature)
+        super().__init__(head, target)
+        self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
+
+    @torch.inference_mode()
+    def __call__(self, prefix: torch.Tensor, k: int) -> DraftTree:
+        seq = torch.as_tensor(prefix).reshape(-1).to(torch.int64)
+        n = seq.numel()
+        if n < 2 or k < 1:  # a pair needs a token after a position
+            return DraftTree(seq[:0], seq[:0])
+        f, z = self._sync(seq)
+        ids = self.head.vocab_ids
+        past = self._past  # the true pairs [1, kv, P, hd], then the expanded nodes
+        n_pairs = past[0].shape[2]
+        tokens, parents, scores = [], [], []  # every candidate: [C] token, parent, log path probability
+        expanded = []  # candidates expanded so far, in order (their draft KV follows the true pairs')
+        frontier = [(-1, 0.0, f, z)]  # (candidate id, log path probability, feature [d], logits [V_r])
+        paths, self.last_logits = {-1: ()}, {}
+        for depth in range(k):
+            level = []
+            for cand, score, _, logits in frontier:
+                self.last_logits[paths[cand]] = logits
+                logp = torch.log_softmax(logits / self.temperature, dim=-1)
+                for c in _add_children(tokens, parents, scores, cand, score, logp, self.top_k, ids):
+                    level.append(c)
+                    paths[c] = paths[cand] + (tokens[c],)
+            if depth == k - 1:
+                break
+            best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
+            feature = {c: feat for c, _, feat, _ in frontier}  # a candidate's pair reads its parent's f
+            allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
+            allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
+            feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
+            f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]),
+                                     torch.tensor([n - 2 + depth + 1] * len(best)), past=past, mask=allowed)
+            self.steps += 1
+            frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]
+        tree = _rerank(tokens, parents, scores, self.node_budget)
+        self.proposed += tree.n_nodes
+        return tree
+
+
 class HybridDraft:
     """A trusted prompt-lookup match first, the learned draft otherwise.
 
@@ -353,11 +519,13 @@ class HybridDraft:
     is taken when its match is of order at least ``min_ngram`` and not contradicted
     (:meth:`~specverify.integrations.transformers.PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
     same token as the copied one), where copying is nearly always right; otherwise ``learned``
-    drafts. Both proposals verify exactly (a lookup proposal is a point mass). Counters:
-    ``lookup_rounds``, ``learned_rounds``.
+    drafts. Both proposals verify exactly (a lookup proposal is a point mass). With a
+    :class:`LearnedTreeDraft` the lookup's chain is returned as a tree (a chain is the tree
+    ``parents = [-1, 0, ..., j - 2]``, deterministic children), so every round is a tree round.
+    Counters: ``lookup_rounds``, ``learned_rounds``.
     """
 
-    def __init__(self, learned: LearnedDraft, lookup, min_ngram: int = 2):
+    def __init__(self, learned, lookup, min_ngram: int = 2):
         self.learned = learned
         self.lookup = lookup
         self.min_ngram = int(min_ngram)
@@ -372,24 +540,35 @@ class HybridDraft:
             tokens, _ = self.lookup(prefix, k)
             if tokens.numel():
                 self.lookup_rounds += 1
+                if isinstance(self.learned, LearnedTreeDraft):
+                    return DraftTree(tokens, chain_parents(tokens.numel()))
                 return tokens, None  # a point mass: verified exactly in either mode
         self.learned_rounds += 1
+        if isinstance(self.learned, LearnedTreeDraft):
+            return self.learned(prefix, k)
         return self.learned(prefix, k, stop=stop)
 
 
 def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                      generator: Optional[torch.Generator] = None):
+                      generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
+                      tree_top_k: int = 4, beam: int = 4):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
     draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
     (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
-    :func:`~specverify.integrations.transformers.speculative_callbacks`."""
+    :func:`~specverify.integrations.transformers.speculative_callbacks`. ``tree=True``: the
+    learned draft is a :class:`LearnedTreeDraft` of up to ``node_budget`` nodes, ``tree_top_k``
+    children per expanded node and ``beam`` expanded nodes per level (the decoder's ``k`` is then
+    the tree's depth); ``generator`` is then unused (the tree's children are deterministic)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
     head = head if head is not None else load(target_model)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
-    draft_step = LearnedDraft(head, target_step, generator=generator)
+    if tree:
+        draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam)
+    else:
+        draft_step = LearnedDraft(head, target_step, generator=generator)
     if hybrid:
         draft_step = HybridDraft(draft_step, PromptLookupDraft())
     return draft_step, target_step

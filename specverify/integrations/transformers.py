@@ -802,10 +802,7 @@ class CausalLMTreeDraft:
     """
 
     def __init__(self, model, node_budget: int = 16, top_k: int = 4, beam: int = 4, temperature: float = 1.0):
-        for name, value in (("node_budget", node_budget), ("top_k", top_k), ("beam", beam)):
-            if int(value) != value or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        _check_warp(temperature, 0, 1.0)
+        _check_tree_shape(node_budget, top_k, beam, temperature)
         self.lm = CachedCausalLM(model)
         self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
 
@@ -822,31 +819,64 @@ class CausalLMTreeDraft:
             level = []
             for cand, score, row in frontier:
                 logp = torch.log_softmax(rows[row] / self.temperature, dim=-1)
-                top = torch.topk(logp, self.top_k)
-                for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
-                    tokens.append(tok)
-                    parents.append(cand)
-                    scores.append(score + lp)
-                    level.append(len(tokens) - 1)
+                level += _add_children(tokens, parents, scores, cand, score, logp, self.top_k)
             if depth == k - 1:
                 break
-            best = sorted(level, key=lambda c: -scores[c])[: self.beam]
-            start = len(expanded)
-            expanded += best
-            position = {c: i for i, c in enumerate(expanded)}
-            rows = self.lm.tree_logits(prefix, torch.tensor([tokens[c] for c in expanded]),
-                                       torch.tensor([position.get(parents[c], -1) for c in expanded]))
+            best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
+            rows = self.lm.tree_logits(prefix, torch.tensor([tokens[c] for c in expanded]), tree_parents)
             frontier = [(c, scores[c], start + i + 1) for i, c in enumerate(best)]
-        keep = sorted(range(len(tokens)), key=lambda c: -scores[c])[: self.node_budget]
-        keep = set(keep)
-        for c in list(keep):  # ancestors of kept nodes (ties in the product could drop one)
-            while parents[c] >= 0 and parents[c] not in keep:
-                keep.add(parents[c])
-                c = parents[c]
-        order = sorted(keep)  # candidate ids are created after their parents: a topological order
-        index = {c: i for i, c in enumerate(order)}
-        return DraftTree(torch.tensor([tokens[c] for c in order], dtype=torch.int64),
-                         torch.tensor([index.get(parents[c], -1) for c in order], dtype=torch.int64))
+        return _rerank(tokens, parents, scores, self.node_budget)
+
+
+def _add_children(tokens, parents, scores, cand, score, logp, top_k, ids=None) -> List[int]:
+    """Append the ``top_k`` most likely children of candidate ``cand`` (log path probability
+    ``score``; ``logp`` ``[W]`` its children's log probabilities, token ``ids[j]`` for entry ``j``,
+    ``j`` itself when ``ids`` is None) to the candidate lists; return their candidate ids."""
+    top = torch.topk(logp, min(top_k, logp.numel()))
+    new = []
+    for lp, j in zip(top.values.tolist(), top.indices.tolist()):
+        tokens.append(j if ids is None else int(ids[j]))
+        parents.append(cand)
+        scores.append(score + lp)
+        new.append(len(tokens) - 1)
+    return new
+
+
+def _expand(level, scores, parents, expanded, beam):
+    """The ``beam`` best candidates of ``level`` appended to ``expanded`` (in place); returns
+    ``(best, start, parents [E])``: them, their first index in ``expanded`` and the expanded tree's
+    parents (indices into ``expanded``)."""
+    best = sorted(level, key=lambda c: -scores[c])[:beam]
+    start = len(expanded)
+    expanded += best
+    position = {c: i for i, c in enumerate(expanded)}
+    return best, start, torch.tensor([position.get(parents[c], -1) for c in expanded], dtype=torch.int64)
+
+
+def _check_tree_shape(node_budget, top_k, beam, temperature) -> None:
+    """ValueError unless ``node_budget``, ``top_k``, ``beam`` are positive integers and ``temperature`` a valid one."""
+    for name, value in (("node_budget", node_budget), ("top_k", top_k), ("beam", beam)):
+        if int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    _check_warp(temperature, 0, 1.0)
+
+
+def _rerank(tokens: List[int], parents: List[int], scores: List[float], node_budget: int) -> DraftTree:
+    """The EAGLE-2 rerank: the ``node_budget`` candidates of highest ``scores`` (log path
+    probabilities, so a node scores at most its parent) and their ancestors, as a
+    :class:`~specverify.tree_drafts.DraftTree`. ``tokens``, ``parents``, ``scores``: ``[C]`` per
+    candidate, ``parents[c]`` a candidate id ``< c`` or -1 (candidates created after their parents).
+    """
+    keep = sorted(range(len(tokens)), key=lambda c: -scores[c])[:node_budget]
+    keep = set(keep)
+    for c in list(keep):  # ancestors of kept nodes (ties in the product could drop one)
+        while parents[c] >= 0 and parents[c] not in keep:
+            keep.add(parents[c])
+            c = parents[c]
+    order = sorted(keep)  # candidate ids are created after their parents: a topological order
+    index = {c: i for i, c in enumerate(order)}
+    return DraftTree(torch.tensor([tokens[c] for c in order], dtype=torch.int64),
+                     torch.tensor([index.get(parents[c], -1) for c in order], dtype=torch.int64))
 
 
 # -- the target's linear layers --------------------------------------------------------------

@@ -5,7 +5,13 @@
   the decoder's output law equals the target's joint law (chi-square on counts of whole
   continuations, alpha = 1e-6, fixed seeds), chain and hybrid, token-wise and block, with the
   power check: a draft that writes its rows at the wrong vocabulary ids is rejected.
-- SmolLM2-135M with the shipped draft: greedy output equals ``generate``; sampling and block run.
+- The tree draft (:class:`LearnedTreeDraft`) on the same Llama: the tap's hidden states after a
+  tree round (the accepted path's rows from the tree forward) equal an uncached forward's; the
+  decoder's joint law equals the target's (sampling, deterministic children), with the power
+  check: a tree draft that reports its draft rows as if its top-k children had been drawn from
+  them is rejected.
+- SmolLM2-135M with the shipped draft: greedy output equals ``generate`` (chain, hybrid, tree);
+  sampling and block run.
 - The tiny training run: the loss falls, the file loads and drafts.
 """
 
@@ -20,6 +26,7 @@ from specverify import stats as st  # noqa: E402
 from specverify.integrations import learned_draft as ld  # noqa: E402
 from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import PromptLookupDraft, Sampling  # noqa: E402
+from specverify.tree_drafts import path_to  # noqa: E402
 
 ALPHA = 1e-6
 V = 4
@@ -82,6 +89,30 @@ class RowsAtWrongIds(ld.LearnedDraft):
         return tokens, probs
 
 
+class TreeRowsAsDrawn(ld.LearnedTreeDraft):
+    """Broken (a protocol bug): the top-k children are reported with the draft's rows (``probs``) as
+    if they had been drawn from them, so the decoder verifies them by recursive rejection sampling,
+    whose exactness needs children drawn from those rows."""
+
+    def __call__(self, prefix, k):
+        tree = super().__call__(prefix, k)
+        if tree.n_nodes:
+            rows = torch.zeros(tree.n_nodes + 1, V)
+            rows[:, self.head.vocab_ids] = 1.0 / len(REDUCED)  # leaves' rows are not read
+            for r in range(tree.n_nodes + 1):  # the draft's row after the root and after each node
+                path = tuple(tree.tokens[path_to(tree.parents.tolist(), r - 1)].tolist())
+                if path in self.last_logits:
+                    rows[r, self.head.vocab_ids] = torch.softmax(self.last_logits[path], -1)
+            tree.probs = rows
+        return tree
+
+
+def _tree_draft(cls=ld.LearnedTreeDraft, **shape):
+    """A ``draft_cls`` for :func:`_continuation_counts`: a small tree (depth 2 over 3 tokens)."""
+    shape = dict(dict(node_budget=4, top_k=2, beam=2), **shape)
+    return lambda head, target, generator=None: cls(head, target, **shape)
+
+
 def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0):
     from specverify.integrations.transformers import CausalLMTarget
 
@@ -141,6 +172,86 @@ def test_the_law_test_rejects_a_draft_reporting_the_wrong_row(tiny):
     assert st.chisquare_counts(counts, law).pvalue < ALPHA
 
 
+def _uncached_hidden(model, seq):
+    kept = []
+    hook = model.model.norm.register_forward_pre_hook(lambda m, a: kept.append(a[0][0].detach()))
+    with torch.inference_mode():
+        model(input_ids=seq[None])
+    hook.remove()
+    return kept[0]  # [L, d]
+
+
+def test_tap_takes_the_accepted_path_from_a_tree_forward(tiny):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target = CausalLMTarget(model, Sampling())
+    tap = ld.HiddenTap(target.lm)
+    seq = torch.tensor([1, 2, 3, 0, 1, 2, 2, 3, 1, 0])
+    full = _uncached_hidden(model, seq)
+    # after seq[:4]: the path seq[4:7] = (1, 2, 2) beside the branches 0 and (1, 3)
+    target(seq[:4], torch.tensor([1, 0, 2, 3, 2]), torch.tensor([-1, -1, 0, 0, 2]))
+    hidden, tokens = tap.features()  # without the sequence the tree (and the prefix fed with it) is pending
+    assert tokens.numel() == 0
+    hidden, tokens = tap.features(seq[:8])  # accepted (1, 2, 2), then the next token 3
+    assert tokens.tolist() == seq[:7].tolist()
+    torch.testing.assert_close(hidden, full[:7], rtol=1e-4, atol=1e-5)
+    calls = target.lm.forward_calls
+    # the next round: the target compacts its cache to the same path, feeds seq[7] and a tree
+    target(seq[:8], torch.tensor([3, 1, 0]), torch.tensor([-1, -1, 1]))
+    assert target.lm.forward_calls == calls + 1 and target.lm.reused_tree == 3
+    hidden, tokens = tap.features(seq[:10])
+    assert tokens.tolist() == seq[:10].tolist()
+    torch.testing.assert_close(hidden, full[:10], rtol=1e-4, atol=1e-5)
+    target(seq[:9], seq[9:9])  # a chain round after the tree: rolls back to 9, feeds 0
+    hidden, tokens = tap.features()
+    assert tokens.tolist() == seq[:9].tolist()
+    torch.testing.assert_close(hidden, full[:9], rtol=1e-4, atol=1e-5)
+    tap.remove()
+
+
+def test_learned_tree_draft_builds_a_reranked_tree(tiny):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target = CausalLMTarget(model, Sampling())
+    draft = ld.LearnedTreeDraft(head, target, node_budget=5, top_k=2, beam=2)
+    tree = draft(torch.tensor(PROMPT), 3)
+    assert tree.probs is None and tree.n_nodes == 5 and tree.depth() <= 3
+    assert set(tree.tokens.tolist()) <= set(REDUCED)
+    assert draft.steps == 3  # the true pairs, then one batched call per expanded level
+    # along the greedy path the tree's logits are the chain draft's (tree attention == causal attention)
+    chain = ld.LearnedDraft(head, CausalLMTarget(model, Sampling()))
+    tokens, _ = chain(torch.tensor(PROMPT), 3)
+    compared = 0
+    for i in range(3):
+        path = tuple(tokens[:i].tolist())
+        if path in draft.last_logits:
+            torch.testing.assert_close(draft.last_logits[path], chain.last_logits[i], rtol=1e-4, atol=1e-5)
+            compared += 1
+    assert compared >= 2
+    chain.tap.remove()
+    draft.tap.remove()
+    for i, p in enumerate(tree.parents.tolist()):  # siblings distinct
+        assert [t for j, t in enumerate(tree.tokens.tolist()) if tree.parents[j] == p].count(int(tree.tokens[i])) == 1
+
+
+def test_learned_tree_draft_preserves_the_joint_law(tiny):
+    model, head = tiny
+    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, "token", hybrid=True, draft_cls=_tree_draft())
+    assert (law[counts > 0] > 0).all()
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and rounds > 1.2, (res, rounds)
+    assert res.pvalue > ALPHA, res
+    assert draft.lookup_rounds > 0 and draft.learned_rounds > 0
+
+
+def test_the_law_test_rejects_tree_children_reported_as_drawn(tiny):
+    model, head = tiny
+    counts, _, law, _ = _continuation_counts(model, head, 2 * RUNS, "token", draft_cls=_tree_draft(TreeRowsAsDrawn, top_k=1))
+    assert st.chisquare_counts(counts, law).pvalue < ALPHA
+
+
 def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
     from specverify.integrations.transformers import CausalLMTarget
 
@@ -183,6 +294,33 @@ def test_greedy_output_equals_generate(smol, hybrid):
     assert out.tolist() == ref.tolist()
     assert sum(dec.stats.accepted) > 0  # the draft is right sometimes
     assert dec.stats.rounds < 24
+
+
+@pytest.mark.parametrize("text", ["Name three rivers in Europe and say one thing about each.",
+                                  "Write a Python function that reverses a string."])
+def test_tree_greedy_output_equals_generate(smol, text):
+    model, tokenizer, head = smol
+    ids = _chat(tokenizer, text)
+    d, t = ld.learned_callbacks(model, head, hybrid=False, tree=True)
+    dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
+    out = dec.generate(ids, 20)
+    ref = model.generate(ids[None], max_new_tokens=20, do_sample=False)[0]
+    assert out.tolist() == ref.tolist()
+    assert dec.stats.tree_rounds >= dec.stats.rounds - 1 and dec.stats.rounds < 20  # the last round may draft 0
+    assert t.lm.reused_tree > 0  # the accepted paths' entries were kept, not recomputed
+
+
+def test_real_model_learned_configs_build_callbacks(tiny):
+    from experiments.end_to_end import real_model as rm
+
+    model, head = tiny
+    p = dict(rm.make_params(), _head=head)
+    for config in rm.LEARNED_CONFIGS:
+        tree = config.endswith("_tree")
+        d, t = rm.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), tree, p["node_budget"])
+        assert isinstance(d.learned if hasattr(d, "learned") else d, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
+        assert t.greedy == config.startswith("sv_greedy")
+        d.tap.remove()
 
 
 @pytest.mark.parametrize("method", ["token", "block"])
