@@ -34,9 +34,9 @@ from .. import paths
 from . import real_model
 
 EXPERIMENT = "draft_eval"
-CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned", "sv_greedy_hybrid",
-           "sv_greedy_hybrid_auto", "hf_sample", "sv_sample_lookup", "sv_sample_learned", "sv_sample_learned_block",
-           "sv_sample_hybrid", "sv_sample_hybrid_block"]
+CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned", "sv_greedy_learned_tree",
+           "sv_greedy_hybrid", "hf_sample", "sv_sample_lookup", "sv_sample_learned", "sv_sample_learned_block",
+           "sv_sample_learned_tree", "sv_sample_hybrid_block"]
 PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2}
 TABLE = "learned_draft.md"
 
@@ -151,7 +151,8 @@ def write_table(summary, speed, meta, out_path, command):
              f"{info.get('params', {}).get('vocab', '?')} (covers {info.get('vocab_coverage', '?')} of the training tokens"
              + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
-             + f"), trained in {info.get('minutes', '?')} min of this machine (data and training).", "",
+             + f"); its last `python -m experiments.train_draft` call took {info.get('minutes', '?')} min here "
+             "(data shards already on disk are reused).", "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
              "|---|" + "--:|" * (meta["k"] + 2)]
