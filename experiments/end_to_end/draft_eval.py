@@ -34,11 +34,25 @@ from .. import paths
 from . import real_model
 
 EXPERIMENT = "draft_eval"
-CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned", "sv_greedy_learned_tree",
-           "sv_greedy_hybrid", "hf_sample", "sv_sample_lookup", "sv_sample_learned", "sv_sample_learned_block",
-           "sv_sample_learned_tree", "sv_sample_hybrid_block"]
-PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2}
+CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned_ungated", "sv_greedy_learned",
+           "sv_greedy_learned_tree", "sv_greedy_hybrid", "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated",
+           "sv_sample_learned", "sv_sample_learned_block", "sv_sample_learned_tree", "sv_sample_hybrid_block"]
+PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2,
+               "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
+TUNING_CHUNK = 7  # train_draft's prompts come in chunks; the shipped draft was trained on chunk 0's answers
+
+
+def tuning_prompts(n: int = 10, seed: int = 0):
+    """``n`` prompts of the training kind that the shipped draft never saw (train_draft's prompt
+    chunk :data:`TUNING_CHUNK`; training would reach it only from ``--prompts`` 5120 on): where
+    the gate's threshold is chosen, never on the held-out sets it is reported on."""
+    import random
+
+    from . import train_draft
+
+    prompts, _ = train_draft.prompt_chunk(TUNING_CHUNK, seed, 6000)
+    return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
 class _Recorder:
@@ -47,11 +61,12 @@ class _Recorder:
 
     def __init__(self, draft_step, target_step):
         self.draft_step, self.target_step = draft_step, target_step
-        self.rounds = []
-        self._drafted = None
+        self.rounds, self.logits = [], []  # per round; logits: the draft's last_logits [m, V_r] if it has them
+        self._drafted = self._logits = None
 
     def draft(self, prefix, k):
         self._drafted = self.draft_step(prefix, k)
+        self._logits = getattr(self.draft_step, "last_logits", None)
         return self._drafted
 
     def target(self, prefix, proposed, parents=None):
@@ -59,14 +74,35 @@ class _Recorder:
         m = proposed.numel()  # the decoder may verify fewer than were drafted (the max_new cap)
         probs = self._drafted[1]
         self.rounds.append((proposed.clone(), None if probs is None else probs[:m].clone(), rows.clone()))
+        self.logits.append(None if self._logits is None else self._logits[:m].clone())
         return rows
+
+
+def gate_statistics(tokens, probs, logits, vocab_ids):
+    """The gate's ``c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i`` at every drafted position
+    (:class:`~specverify.integrations.learned_draft.LearnedDraft`): ``q`` from ``probs [m, V]``
+    (sampling) or the softmax of ``logits [m, V_r]`` over ``vocab_ids`` (greedy)."""
+    import torch
+
+    out, path = [], 1.0
+    for i in range(tokens.numel()):
+        if probs is not None:
+            q = probs[i].double() / probs[i].double().sum()
+            top, own = float(q.max()), float(q[tokens[i]])
+        else:
+            q = torch.softmax(logits[i].double(), -1)
+            top, own = float(q.max()), float(q[int((vocab_ids == tokens[i]).nonzero()[0, 0])])
+        out.append(path * top)
+        path *= own
+    return out
 
 
 def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: int):
     """Per-round records of the learned draft (alone) on every prompt, greedy and sampling.
 
-    Returns a list of dicts: ``mode, prompt, round, position, reached, accepted (greedy: argmax
-    match; sampling: the overlap a_i), emitted`` (tokens the round emitted), and the share of the
+    Returns a list of dicts: ``mode, prompt, round, position, reached, value`` (greedy: argmax
+    match; sampling: the overlap ``a_i``), ``emitted`` (tokens the round emitted), ``gate`` (the
+    gate's statistic :func:`gate_statistics`; the draft runs ungated), and the share of the
     target's greedy continuations' tokens inside the draft's reduced vocabulary.
     """
     import torch
@@ -79,7 +115,7 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
     for mode in ("greedy", "sample"):
         for name, prompt in ids.items():
             greedy = mode == "greedy"
-            d, t = learned_callbacks(model, head, hybrid=False, greedy=greedy,
+            d, t = learned_callbacks(model, head, hybrid=False, greedy=greedy, min_confidence=0.0,
                                      generator=torch.Generator().manual_seed(seed), **({} if greedy else sample))
             rec = _Recorder(d, t)
             dec = sv.SpeculativeDecoder(_Mode(rec.draft, greedy), _Mode(rec.target, greedy), k=k, greedy=greedy,
@@ -89,7 +125,8 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
                 new = out[prompt.numel():].tolist()
                 inside += sum(t in vocab for t in new)
                 generated += len(new)
-            for r, ((tokens, probs, rows), emitted) in enumerate(zip(rec.rounds, dec.stats.emitted)):
+            for r, ((tokens, probs, rows), logits, emitted) in enumerate(zip(rec.rounds, rec.logits, dec.stats.emitted)):
+                gates = gate_statistics(tokens, probs, logits, head.vocab_ids)
                 for i in range(tokens.numel()):
                     if greedy:
                         value = float(int(torch.argmax(rows[i])) == int(tokens[i]))
@@ -97,7 +134,8 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
                         p = rows[i].double() / rows[i].double().sum()
                         value = float(torch.minimum(p, probs[i].double()).sum())
                     records.append(dict(mode=mode, prompt=name, round=r, position=i + 1,
-                                        reached=int(i < emitted), value=value, emitted=emitted))
+                                        reached=int(i < emitted), value=value, emitted=emitted,
+                                        gate=round(gates[i], 6)))
     return records, inside / max(1, generated)
 
 
@@ -129,7 +167,21 @@ def acceptance_summary(records, k: int):
         measured = sum(rounds.values()) / max(1, len(rounds))
         a = np.array([x for x in rates if x == x])
         out[mode] = dict(rates=rates, predicted=float(law.expected_tokens_per_round(a)) if a.size else float("nan"),
-                         measured=measured, rounds=len(rounds))
+                         measured=measured, rounds=len(rounds), gate=gate_calibration(rs))
+    return out
+
+
+GATE_BINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)  # an edge at the default gate, 0.2
+
+
+def gate_calibration(records):
+    """Per bin of the gate statistic: ``(lo, hi, positions, realized)``, ``realized`` the mean of
+    ``reached * value`` (greedy: the position was reached and accepted; sampling: reached, times
+    the overlap), what the statistic estimates."""
+    out = []
+    for lo, hi in zip(GATE_BINS[:-1], GATE_BINS[1:]):
+        hits = [r["reached"] * r["value"] for r in records if lo <= r["gate"] < hi or (hi == 1.0 and r["gate"] == 1.0)]
+        out.append((lo, hi, len(hits), sum(hits) / len(hits) if hits else float("nan")))
     return out
 
 
@@ -163,6 +215,17 @@ def write_table(summary, speed, meta, out_path, command):
                      f" | {s['predicted']:.2f} | {s['measured']:.2f} |")
     lines += ["", "Greedy: the rate at which draft token i equals the target's argmax; sampling: the overlap "
               "sum(min(p, q)) of the warped rows (temperature 0.7, top-p 0.9).", ""]
+    if all("gate" in summary.get(mode, {}) for mode in ("greedy", "sample")):
+        lines += ["## The gate's statistic against what it estimates", "",
+                  "c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i of the ungated draft at every drafted position (all "
+                  "positions pooled), against the rate at which the position was reached and accepted (sampling: "
+                  "reached, times the overlap). The learned configs below propose a position only when c_i >= "
+                  f"{meta.get('min_confidence', '?')}.", "",
+                  "| c_i | greedy: positions | greedy: reached and accepted | sampling: positions | sampling: reached x overlap |",
+                  "|---|--:|--:|--:|--:|"]
+        for (lo, hi, n_g, r_g), (_, _, n_s, r_s) in zip(summary["greedy"]["gate"], summary["sample"]["gate"]):
+            lines.append(f"| [{lo:.2f}, {hi:.2f}) | {n_g} | {r_g:.3f} | {n_s} | {r_s:.3f} |")
+        lines.append("")
     if speed:
         lines += ["## Speed end to end (tokens/s ratios to plain generate, same prompts, side by side)", "",
                   "| config | tokens/s | x plain | min x over prompts | tokens/pass | draft share | greedy == generate |",
@@ -222,6 +285,8 @@ def main(argv=None):
     ap.add_argument("--prompt-sets", default="heldout,heldout2", help=f"comma-separated, of {sorted(PROMPT_SETS)}")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--min-confidence", type=float, default=learned_draft.DEFAULT_MIN_CONFIDENCE,
+                    help="the learned configs' gate (the _ungated configs: 0)")
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
@@ -229,6 +294,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.k < 1 or args.max_new < 1 or args.repeats < 1:
         ap.error("--k, --max-new and --repeats must be positive")
+    if not 0 <= args.min_confidence < 1:
+        ap.error(f"--min-confidence must be in [0, 1), got {args.min_confidence}")
     sets = args.prompt_sets.split(",")
     unknown = [s for s in sets if s not in PROMPT_SETS]
     if unknown:
@@ -238,16 +305,24 @@ def main(argv=None):
     if bad:
         ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
     torch.set_num_threads(1)
-    prompts = {f"{s}/{n}": text for s in sets for n, text in PROMPT_SETS[s].items()}
+    prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
     params = dict(real_model.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9, seed=args.seed),
-                  k_learned=args.k)
+                  k_learned=args.k, min_confidence=args.min_confidence)
     out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
                                                 repeats=args.repeats))
     command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     command = command.replace(" --table-only", "")
-    if args.table_only:  # from the cached run of these parameters
+    if args.table_only:  # from the cached run of these parameters (its summary recomputed from its records)
         meta = paths.read_json(out_dir / "meta.json")
-        write_table(meta["summary"], meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
+        summary = meta["summary"]
+        if (out_dir / "acceptance.csv").is_file():
+            records = [dict(r, position=int(r["position"]), reached=int(r["reached"]), value=float(r["value"]),
+                            emitted=int(r["emitted"]), gate=float(r["gate"]))
+                       for r in real_model.read(out_dir / "acceptance.csv")]
+            summary = acceptance_summary(records, args.k)
+            if "vocab_coverage" in meta["summary"]["greedy"]:
+                summary["greedy"]["vocab_coverage"] = meta["summary"]["greedy"]["vocab_coverage"]
+        write_table(summary, meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
         print(f"wrote {paths.MEDIA_DIR / TABLE} from {out_dir}")
         return
     load_before = os.getloadavg()
@@ -269,8 +344,12 @@ def main(argv=None):
         for s in speed:
             print(s)
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
+                min_confidence=params["min_confidence"],
                 loadavg_before=load_before, loadavg_after=os.getloadavg())
     paths.write_json(out_dir / "meta.json", dict(meta, summary=summary, speed=speed))
+    if "tuning" in sets:  # the gate's calibration: summary["*"]["gate"], printed above; not the held-out table
+        print(f"tuning run: {out_dir / 'meta.json'} (media/{TABLE} is written from held-out sets only)")
+        return
     paths.MEDIA_DIR.mkdir(parents=True, exist_ok=True)
     write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
     print(f"wrote {paths.MEDIA_DIR / TABLE}")

@@ -25,7 +25,9 @@ into ``p["_head"]``): ``sv_greedy_learned``, ``sv_sample_learned`` (the chain
 :class:`~specverify.integrations.learned_draft.LearnedDraft`), ``_hybrid`` in place of
 ``_learned`` (prompt lookup first), and ``sv_greedy_learned_tree``, ``sv_sample_learned_tree``
 (:class:`~specverify.integrations.learned_draft.LearnedTreeDraft`, ``node_budget`` nodes, depth
-``k_learned``); ``LEARNED_CONFIGS`` lists them.
+``k_learned``); ``LEARNED_CONFIGS`` lists them. Every learned draft is gated at
+``p["min_confidence"]`` (default :data:`~specverify.integrations.learned_draft.DEFAULT_MIN_CONFIDENCE`);
+``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
 :class:`~specverify.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
@@ -182,7 +184,8 @@ LONG_PROMPTS = {
 CONFIGS = ["hf_greedy", "hf_greedy_torchlinears", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_lookup_tree",
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "hf_sample_torchlinears", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
-LEARNED_CONFIGS = ["sv_greedy_learned", "sv_sample_learned", "sv_greedy_learned_tree", "sv_sample_learned_tree"]
+LEARNED_CONFIGS = ["sv_greedy_learned", "sv_sample_learned", "sv_greedy_learned_ungated", "sv_sample_learned_ungated",
+                   "sv_greedy_learned_tree", "sv_sample_learned_tree"]
 FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "linears", "temperature", "top_k", "top_p", "k", "node_budget",
           "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
@@ -283,10 +286,11 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
     generator = torch.Generator().manual_seed(p["seed"])
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
-        from specverify.integrations.learned_draft import learned_callbacks
+        from specverify.integrations.learned_draft import DEFAULT_MIN_CONFIDENCE, learned_callbacks
 
+        gate = 0.0 if "_ungated" in config else p.get("min_confidence", DEFAULT_MIN_CONFIDENCE)
         return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
-                                 tree=tree, node_budget=node_budget, **sample)
+                                 tree=tree, node_budget=node_budget, min_confidence=gate, **sample)
     draft = "prompt_lookup" if "lookup" in config else draft_model
     return speculative_callbacks(model, draft, greedy=greedy, generator=generator, tree=tree,
                                  node_budget=node_budget, **sample)

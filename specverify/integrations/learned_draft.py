@@ -28,7 +28,9 @@ Pieces: :class:`FeatureHead` (the module; training and inference), :func:`load` 
 :class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with its rows), :class:`HybridDraft`
 (a trusted prompt-lookup match first, the learned draft otherwise), :class:`LearnedTreeDraft`
 (an EAGLE-2 dynamic tree from the draft's probabilities, one batched draft call per level),
-:func:`learned_callbacks`.
+:func:`learned_callbacks`. Both drafts take a gate (``min_confidence``): a position is proposed
+only while the draft's own estimate that it is reached and accepted stays above it, so a round
+the draft is unsure of costs a plain step instead of a losing proposal.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from torch import nn
 from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
 from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
 
@@ -385,6 +387,20 @@ class _PairCache:
         return f[0, -1], logits[0, -1]
 
 
+#: The gate :func:`learned_callbacks` sets (``min_confidence``). A drafted token costs ~0.11 of a
+#: plain step on SmolLM2 (a draft step ~0.08, its row in the target pass ~0.03). On prompts of the
+#: training kind the draft never saw (``python -m experiments.draft_eval --prompt-sets tuning
+#: --skip-speed``) the positions just above 0.2 were reached and accepted at 0.32 (greedy) and
+#: 0.10 (sampling), those just below at 0.13 and 0.05: one threshold for both modes near the cost.
+DEFAULT_MIN_CONFIDENCE = 0.2
+
+
+def _check_gate(min_confidence) -> float:
+    if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
+        raise ValueError(f"min_confidence must be a number in [0, 1), got {min_confidence!r}")
+    return float(min_confidence)
+
+
 class LearnedDraft(_PairCache):
     """``draft_step(prefix, k, stop=None) -> (tokens [j], probs [j, V] or None)`` from a
     :class:`FeatureHead` reading the target's own hidden states (EAGLE), j <= k.
@@ -398,13 +414,28 @@ class LearnedDraft(_PairCache):
     reduced vocabulary and ``probs`` is None. Sampling: ``probs[i]`` is the draft's row ``q_i``
     ``[V]`` (``sampling``'s warp over the reduced vocabulary, zero outside it) and ``tokens[i]`` is
     drawn from it with ``generator``. ``stop(i, confidence)`` as in
-    :class:`~specverify.integrations.transformers.CausalLMDraft`. Counters: ``steps`` (draft
-    forwards), ``proposed`` (tokens); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at a time, as the target).
+    :class:`~specverify.integrations.transformers.CausalLMDraft`.
+
+    ``min_confidence`` (the gate, 0 = off): position ``i`` is proposed only if
+    ``c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) * max q_i`` -- the draft's own estimate that the
+    round reaches and accepts it -- is at least ``min_confidence``; the proposal ends at the
+    first position that fails, and may be empty (the round is then a plain target step). ``q``
+    is the draft's softmax over the reduced vocabulary (greedy) or its warped row (sampling).
+    The decision reads the tokens before ``i`` and the row ``q_i``, never ``t_i`` itself, so
+    verification stays exact (:mod:`specverify.decoding.adaptive`'s claim); unlike the policy's
+    ``stop``, which keeps the token it stops after, the gate can leave a round without a draft,
+    where a proposal that will most likely be rejected would cost more than it gains. Counters:
+    ``steps`` (draft forwards), ``proposed`` (tokens), ``empty`` (calls the gate left without a
+    token); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at
+    a time, as the target).
     """
 
-    def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None):
+    def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None,
+                 min_confidence: float = 0.0):
         super().__init__(head, target)
         self.generator = generator
+        self.min_confidence = _check_gate(min_confidence)
+        self.empty = 0
 
     @torch.inference_mode()
     def __call__(self, prefix: torch.Tensor, k: int, stop=None):
@@ -418,19 +449,32 @@ class LearnedDraft(_PairCache):
         tokens = torch.empty(k, dtype=torch.int64)
         probs = None if self.greedy else torch.zeros(k, self.vocab_size, dtype=torch.float32)
         logits = torch.empty(k, z.numel())
+        gate = self.min_confidence
+        path = 1.0  # q_1(t_1) ... q_i(t_i): the draft's probability of the tokens drafted so far
         drawn = k
         for i in range(k):
             logits[i] = z
             if self.greedy:
                 j = int(torch.argmax(z))
-                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None else 1.0
+                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None or gate else 1.0
+                top = confidence
             else:
                 row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
+                total = row.sum()
+                top = float(row.max() / total) if gate else 1.0
+            if gate and path * top < gate:  # decided before t_i is drawn: exact
+                drawn = i
+                break
+            if not self.greedy:
                 j = int(torch.multinomial(row, 1, generator=self.generator))
                 probs[i, ids] = row
-                confidence = float(row[j] / row.sum())
+                confidence = float(row[j] / total)
             tokens[i] = ids[j]
+            path *= confidence
             if stop is not None and stop(i, confidence):
+                drawn = i + 1
+                break
+            if gate and path < gate:  # no later position can pass: skip the draft step
                 drawn = i + 1
                 break
             if i + 1 < k:  # the next pair: the draft's own feature and the token just drafted
@@ -438,6 +482,7 @@ class LearnedDraft(_PairCache):
                 f, z = f3[0, -1], z3[0, -1]
                 self.steps += 1
         self.proposed += drawn
+        self.empty += drawn == 0
         self.last_logits = logits[:drawn]  # [j, V_r] (diagnostics)
         return tokens[:drawn].clone(), None if probs is None else probs[:drawn].clone()
 
@@ -466,13 +511,21 @@ class LearnedTreeDraft(_PairCache):
     accepted from that forward. Counters: ``steps`` (draft forwards), ``proposed`` (nodes);
     ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r]}`` of the root (``()``) and
     every expanded node of the latest call. Not thread-safe (one decoder at a time, as the target).
+
+    ``min_confidence`` (the gate, 0 = off): only candidates whose path probability is at least
+    ``min_confidence`` compete for the ``node_budget`` (a node's path probability is at most its
+    parent's, so they still form a tree) and only they are expanded; the tree may be empty (a
+    plain target step). Any rule that shapes a tree of deterministic children keeps verification
+    exact. ``empty`` counts the calls the gate left without a node.
     """
 
     def __init__(self, head: FeatureHead, target, node_budget: int = 16, top_k: int = 4, beam: int = 4,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, min_confidence: float = 0.0):
         _check_tree_shape(node_budget, top_k, beam, temperature)
         super().__init__(head, target)
         self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
+        self.min_confidence = _check_gate(min_confidence)
+        self.empty = 0
 
     @torch.inference_mode()
     def __call__(self, prefix: torch.Tensor, k: int) -> DraftTree:
@@ -488,6 +541,7 @@ class LearnedTreeDraft(_PairCache):
         expanded = []  # candidates expanded so far, in order (their draft KV follows the true pairs')
         frontier = [(-1, 0.0, f, z)]  # (candidate id, log path probability, feature [d], logits [V_r])
         paths, self.last_logits = {-1: ()}, {}
+        log_gate = math.log(self.min_confidence) if self.min_confidence else -math.inf
         for depth in range(k):
             level = []
             for cand, score, _, logits in frontier:
@@ -496,7 +550,9 @@ class LearnedTreeDraft(_PairCache):
                 for c in _add_children(tokens, parents, scores, cand, score, logp, self.top_k, ids):
                     level.append(c)
                     paths[c] = paths[cand] + (tokens[c],)
-            if depth == k - 1:
+            if self.min_confidence:  # a node's children score at most its own: only passing nodes grow
+                level = [c for c in level if scores[c] >= log_gate]
+            if depth == k - 1 or not level:
                 break
             best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
             feature = {c: feat for c, _, feat, _ in frontier}  # a candidate's pair reads its parent's f
@@ -507,8 +563,10 @@ class LearnedTreeDraft(_PairCache):
                                      torch.tensor([n - 2 + depth + 1] * len(best)), past=past, mask=allowed)
             self.steps += 1
             frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]
-        tree = _rerank(tokens, parents, scores, self.node_budget)
+        budget = min(self.node_budget, sum(score >= log_gate for score in scores))
+        tree = _rerank(tokens, parents, scores, budget)
         self.proposed += tree.n_nodes
+        self.empty += tree.n_nodes == 0
         return tree
 
 
@@ -552,23 +610,26 @@ class HybridDraft:
 def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                       generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
-                      tree_top_k: int = 4, beam: int = 4):
+                      tree_top_k: int = 4, beam: int = 4, min_confidence: float = DEFAULT_MIN_CONFIDENCE):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
     draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
     (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
     :func:`~specverify.integrations.transformers.speculative_callbacks`. ``tree=True``: the
     learned draft is a :class:`LearnedTreeDraft` of up to ``node_budget`` nodes, ``tree_top_k``
     children per expanded node and ``beam`` expanded nodes per level (the decoder's ``k`` is then
-    the tree's depth); ``generator`` is then unused (the tree's children are deterministic)."""
+    the tree's depth); ``generator`` is then unused (the tree's children are deterministic).
+    ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
+    0: off; default :data:`DEFAULT_MIN_CONFIDENCE`)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
     head = head if head is not None else load(target_model)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if tree:
-        draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam)
+        draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam,
+                                      min_confidence=min_confidence)
     else:
-        draft_step = LearnedDraft(head, target_step, generator=generator)
+        draft_step = LearnedDraft(head, target_step, generator=generator, min_confidence=min_confidence)
     if hybrid:
         draft_step = HybridDraft(draft_step, PromptLookupDraft())
     return draft_step, target_step

@@ -10,6 +10,10 @@
   decoder's joint law equals the target's (sampling, deterministic children), with the power
   check: a tree draft that reports its draft rows as if its top-k children had been drawn from
   them is rejected.
+- The gate (``min_confidence``): the joint law with a gated draft (token-wise and block; rounds
+  left empty and rounds proposed), with the power check: a gate that reads the drawn token's own
+  probability is rejected; the gated chain cuts exactly where draft_eval's statistic falls below
+  the gate, the gated tree keeps only nodes whose path probability passes.
 - SmolLM2-135M with the shipped draft: greedy output equals ``generate`` (chain, hybrid, tree);
   sampling and block run.
 - The tiny training run: the loss falls, the file loads and drafts.
@@ -113,10 +117,10 @@ def _tree_draft(cls=ld.LearnedTreeDraft, **shape):
     return lambda head, target, generator=None: cls(head, target, **shape)
 
 
-def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0):
+def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0, warp=WARP):
     from specverify.integrations.transformers import CausalLMTarget
 
-    sampling = Sampling(greedy=False, **WARP)
+    sampling = Sampling(greedy=False, **warp)
     target = CausalLMTarget(model, sampling)
     draft = draft_cls(head, target, generator=torch.Generator().manual_seed(seed))
     if hybrid:
@@ -252,6 +256,93 @@ def test_the_law_test_rejects_tree_children_reported_as_drawn(tiny):
     assert st.chisquare_counts(counts, law).pvalue < ALPHA
 
 
+# The gated-draft tests: at temperature 3 the tiny draft's rows have tops of 0.7-0.9 at the first
+# position, so a gate of 0.8 leaves some rounds empty and opens others.
+GATE, GATE_WARP = 0.8, dict(temperature=3.0, top_k=0, top_p=1.0)
+
+
+class DropsUnlikelyDraws(ld.LearnedDraft):
+    """Broken (a gate on the drawn token): a drawn token is dropped, with everything after it,
+    when the draft's probability of that very token is below 0.6, so a kept token has the law
+    ``q_i`` conditioned on being likely, not ``q_i``."""
+
+    def __call__(self, prefix, k, stop=None):
+        tokens, probs = super().__call__(prefix, k, stop)
+        for i in range(tokens.numel()):
+            if probs[i, tokens[i]] / probs[i].sum() < 0.6:
+                return tokens[:i], probs[:i]
+        return tokens, probs
+
+
+def _gated(cls=ld.LearnedDraft, gate=GATE):
+    return lambda head, target, generator=None: cls(head, target, generator=generator, min_confidence=gate)
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_gated_learned_draft_preserves_the_joint_law(tiny, method):
+    model, head = tiny
+    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, method, draft_cls=_gated(), warp=GATE_WARP)
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5, res
+    assert res.pvalue > ALPHA, res
+    assert draft.empty > 0 and draft.proposed > 0, (draft.empty, draft.proposed)  # the gate both shut and opened
+
+
+def test_the_law_test_rejects_a_gate_that_reads_the_drawn_token(tiny):
+    model, head = tiny
+    counts, _, law, _ = _continuation_counts(model, head, RUNS, "token", draft_cls=_gated(DropsUnlikelyDraws, 0.0),
+                                             warp=GATE_WARP)
+    assert st.chisquare_counts(counts, law).pvalue < ALPHA
+
+
+def test_the_gate_cuts_at_the_first_position_below_it(tiny):
+    """Chain: with the same draws, the gated draft proposes the ungated draft's tokens up to the
+    first position whose statistic ``c_i`` (draft_eval's :func:`gate_statistics`, the table's
+    calibration) is below the gate; tree: every node's path probability passes the gate."""
+    from experiments.end_to_end.draft_eval import gate_statistics
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    cut_inside = 0
+    for greedy in (True, False):
+        sampling = Sampling(greedy=greedy, **({} if greedy else GATE_WARP))
+        for seq in ([1, 2, 0, 1], [3, 3, 2], [0, 1, 2, 3, 0, 2], [2, 2], [1, 0, 3]):
+            for gate in (0.3, 0.5, 0.75):
+                ungated = ld.LearnedDraft(head, CausalLMTarget(model, sampling), generator=torch.Generator().manual_seed(1))
+                gated = ld.LearnedDraft(head, CausalLMTarget(model, sampling), generator=torch.Generator().manual_seed(1),
+                                        min_confidence=gate)
+                tokens, probs = ungated(torch.tensor(seq), 3)
+                c = gate_statistics(tokens, probs, ungated.last_logits, head.vocab_ids)
+                expected = next((i for i, ci in enumerate(c) if ci < gate), len(c))
+                kept, kept_probs = gated(torch.tensor(seq), 3)
+                assert kept.tolist() == tokens[:expected].tolist(), (greedy, seq, gate, c)
+                if not greedy:
+                    torch.testing.assert_close(kept_probs, probs[:expected])
+                assert gated.empty == (expected == 0)
+                cut_inside += 0 < expected < len(c)
+                ungated.tap.remove()
+                gated.tap.remove()
+    assert cut_inside > 0  # some proposals were cut after a token, not only emptied or kept whole
+
+    target = CausalLMTarget(model, Sampling())
+    tree_draft = ld.LearnedTreeDraft(head, target, node_budget=8, top_k=2, beam=2, min_confidence=0.2)
+    full = ld.LearnedTreeDraft(head, CausalLMTarget(model, Sampling()), node_budget=8, top_k=2, beam=2)
+    gated_tree, full_tree = tree_draft(torch.tensor(PROMPT), 3), full(torch.tensor(PROMPT), 3)
+    assert 0 < gated_tree.n_nodes < full_tree.n_nodes
+    for i in range(gated_tree.n_nodes):  # each node's path probability from the draft's own logits
+        path, logp = path_to(gated_tree.parents.tolist(), i), 0.0
+        for depth, node in enumerate(path):
+            logits = tree_draft.last_logits[tuple(gated_tree.tokens[path[:depth]].tolist())]
+            logp += float(torch.log_softmax(logits.double(), -1)[(head.vocab_ids == gated_tree.tokens[node]).nonzero()[0, 0]])
+        assert logp >= np.log(0.2) - 1e-9
+    tree_draft.tap.remove()
+    full.tap.remove()
+    with pytest.raises(ValueError, match="min_confidence"):
+        ld.LearnedDraft(head, target, min_confidence=1.0)
+    with pytest.raises(ValueError, match="min_confidence"):
+        ld.LearnedTreeDraft(head, target, min_confidence=-0.1)
+
+
 def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
     from specverify.integrations.transformers import CausalLMTarget
 
@@ -283,11 +374,12 @@ def _chat(tokenizer, text):
                                          return_tensors="pt", return_dict=True)["input_ids"][0]
 
 
-@pytest.mark.parametrize("hybrid", [False, True])
-def test_greedy_output_equals_generate(smol, hybrid):
+@pytest.mark.parametrize("hybrid,tree", [(False, False), (True, False), (False, True)])
+def test_greedy_output_equals_generate(smol, hybrid, tree):
+    """The default (gated) draft: chain, after prompt lookup, tree."""
     model, tokenizer, head = smol
     ids = _chat(tokenizer, "Name three rivers in Europe and say one thing about each.")
-    d, t = ld.learned_callbacks(model, head, hybrid=hybrid)
+    d, t = ld.learned_callbacks(model, head, hybrid=hybrid, tree=tree)
     dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
     out = dec.generate(ids, 24)
     ref = model.generate(ids[None], max_new_tokens=24, do_sample=False)[0]
@@ -301,7 +393,7 @@ def test_greedy_output_equals_generate(smol, hybrid):
 def test_tree_greedy_output_equals_generate(smol, text):
     model, tokenizer, head = smol
     ids = _chat(tokenizer, text)
-    d, t = ld.learned_callbacks(model, head, hybrid=False, tree=True)
+    d, t = ld.learned_callbacks(model, head, hybrid=False, tree=True, min_confidence=0.0)  # ungated: every round a tree
     dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
     out = dec.generate(ids, 20)
     ref = model.generate(ids[None], max_new_tokens=20, do_sample=False)[0]
@@ -318,7 +410,9 @@ def test_real_model_learned_configs_build_callbacks(tiny):
     for config in rm.LEARNED_CONFIGS:
         tree = config.endswith("_tree")
         d, t = rm.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), tree, p["node_budget"])
-        assert isinstance(d.learned if hasattr(d, "learned") else d, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
+        learned = d.learned if hasattr(d, "learned") else d
+        assert isinstance(learned, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
+        assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE)
         assert t.greedy == config.startswith("sv_greedy")
         d.tap.remove()
 
