@@ -82,19 +82,18 @@ def gate_statistics(tokens, probs, logits, vocab_ids):
     """The gate's ``c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i`` at every drafted position
     (:class:`~specverify.integrations.learned_draft.LearnedDraft`): ``q`` from ``probs [m, V]``
     (sampling) or the softmax of ``logits [m, V_r]`` over ``vocab_ids`` (greedy)."""
+    import numpy as np
     import torch
 
-    out, path = [], 1.0
-    for i in range(tokens.numel()):
-        if probs is not None:
-            q = probs[i].double() / probs[i].double().sum()
-            top, own = float(q.max()), float(q[tokens[i]])
-        else:
-            q = torch.softmax(logits[i].double(), -1)
-            top, own = float(q.max()), float(q[int((vocab_ids == tokens[i]).nonzero()[0, 0])])
-        out.append(path * top)
-        path *= own
-    return out
+    from specverify.decoding.adaptive import draft_confidences
+
+    if probs is not None:
+        rows, ids = probs.double(), tokens  # [m, V], full-vocabulary ids
+    else:
+        rows, ids = torch.softmax(logits.double(), -1), torch.searchsorted(vocab_ids, tokens)  # [m, V_r], rows of it
+    top = (rows.max(1).values / rows.sum(1)).numpy()  # [m] max q_i
+    before = np.cumprod(np.concatenate([[1.0], draft_confidences(rows, ids)]))[:-1]  # [m] q_1(t_1) .. q_{i-1}(t_{i-1})
+    return (before * top).tolist()
 
 
 def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: int):
