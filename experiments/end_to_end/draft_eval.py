@@ -34,12 +34,15 @@ from .. import paths
 from . import real_model
 
 EXPERIMENT = "draft_eval"
-CONFIGS = ["hf_greedy", "hf_prompt_lookup", "sv_greedy_lookup", "sv_greedy_learned_ungated", "sv_greedy_learned",
-           "sv_greedy_learned_tree", "sv_greedy_hybrid", "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated",
-           "sv_sample_learned", "sv_sample_learned_block", "sv_sample_learned_tree", "sv_sample_hybrid_block"]
+CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_learned_ungated",
+           "sv_greedy_learned", "sv_greedy_learned_tree", "sv_greedy_hybrid", "sv_greedy_hybrid_auto",
+           "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated", "sv_sample_learned", "sv_sample_learned_block",
+           "sv_sample_learned_tree", "sv_sample_learned_drawn_tree", "sv_sample_learned_iid_tree",
+           "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto"]
 PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
+ROUND_PARTS = ("draft_s", "target_s", "verify_s", "other_s")  # a decoder's time, split (the table's shares)
 TUNING_CHUNK = 7  # train_draft's prompts come in chunks; the shipped draft was trained on chunk 0's answers
 
 
@@ -227,11 +230,18 @@ def write_table(summary, speed, meta, out_path, command):
         lines.append("")
     if speed:
         lines += ["## Speed end to end (tokens/s ratios to plain generate, same prompts, side by side)", "",
-                  "| config | tokens/s | x plain | min x over prompts | tokens/pass | draft share | greedy == generate |",
+                  "| config | tokens/s | x plain | min x over prompts | tokens/pass | draft / target / verify / other "
+                  "| greedy == generate |",
                   "|---|--:|--:|--:|--:|--:|--:|"]
         for s in speed:
             lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
-                         f"{s['tokens_per_round']:.2f} | {s['draft_share']} | {s['same']} |")
+                         f"{s['tokens_per_round']:.2f} | {s.get('shares', s.get('draft_share', ''))} | {s['same']} |")
+        lines += ["", "Shares: of the decoder's wall time, the draft's calls, the target's passes, verification "
+                  "(the accept ops) and the rest (the decoder's own bookkeeping). `hf_assisted_ee`: transformers' "
+                  "assisted generation with real_model's early-exit draft (the target's first `ee_layers` layers); `_auto`: AdaptiveK chooses "
+                  "each round's K (0 to K) from the rounds before; `_drawn_tree` / `_iid_tree`: the learned tree's "
+                  "children drawn without / with replacement, verified by recursive rejection sampling / SpecInfer's "
+                  "rule (the other trees: top-k children, sample-and-match)."]
     Path(out_path).write_text("\n".join(lines) + "\n")
 
 
@@ -257,19 +267,19 @@ def speed_summary(rows):
     by = lambda c: [r for r in rows if r["config"] == c]  # noqa: E731
     for config in [c for c in CONFIGS if by(c)]:
         rs = by(config)
-        base = "hf_greedy" if "greedy" in config or config == "hf_prompt_lookup" else "hf_sample"
+        base = real_model._plain_generate(config)
         base_rows = {(r["prompt"], r["repeat"]): r for r in by(base)}
         new, secs = sum(r["new_tokens"] for r in rs), sum(r["seconds"] for r in rs)
         bnew, bsecs = sum(r["new_tokens"] for r in base_rows.values()), sum(r["seconds"] for r in base_rows.values())
         ratios = [r["tokens_per_s"] / base_rows[(r["prompt"], r["repeat"])]["tokens_per_s"] for r in rs
                   if (r["prompt"], r["repeat"]) in base_rows]
         same = [r.get("same_as_generate") for r in rs if r["mode"] == "greedy" and r.get("same_as_generate") not in (None, "")]
-        draft = sum(float(r["draft_s"]) for r in rs) / secs if config.startswith("sv_") else float("nan")
+        shares = "/".join(f"{sum(float(r[part]) for r in rs) / secs:.2f}" for part in ROUND_PARTS) \
+            if config.startswith("sv_") else ""
         out.append(dict(config=config, tokens_per_s=new / secs, ratio=(new / secs) / (bnew / bsecs),
                         min_ratio=min(ratios) if ratios else float("nan"),
                         tokens_per_round=new / sum(r["target_passes"] for r in rs),
-                        draft_share=f"{draft:.2f}" if draft == draft else "",
-                        same=f"{sum(same)}/{len(same)}" if same else ""))
+                        shares=shares, same=f"{sum(same)}/{len(same)}" if same else ""))
     return out
 
 

@@ -25,7 +25,9 @@ into ``p["_head"]``): ``sv_greedy_learned``, ``sv_sample_learned`` (the chain
 :class:`~specverify.integrations.learned_draft.LearnedDraft`), ``_hybrid`` in place of
 ``_learned`` (prompt lookup first), and ``sv_greedy_learned_tree``, ``sv_sample_learned_tree``
 (:class:`~specverify.integrations.learned_draft.LearnedTreeDraft`, ``node_budget`` nodes, depth
-``k_learned``); ``LEARNED_CONFIGS`` lists them. Every learned draft is gated at
+``k_learned``, top-k children; ``sv_sample_learned_drawn_tree`` / ``sv_sample_learned_iid_tree``:
+children drawn without / with replacement, verified by the stochastic tree rules);
+``LEARNED_CONFIGS`` lists them. Every learned draft is gated at
 ``p["min_confidence"]`` (default :data:`~specverify.integrations.learned_draft.DEFAULT_MIN_CONFIDENCE`);
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 
@@ -185,7 +187,10 @@ CONFIGS = ["hf_greedy", "hf_greedy_torchlinears", "hf_prompt_lookup", "hf_assist
            "sv_greedy_ee", "sv_greedy_ee_tree", "hf_sample", "hf_sample_torchlinears", "sv_sample_lookup", "sv_sample_lookup_tree",
            "sv_sample_ee", "sv_sample_ee_block"]
 LEARNED_CONFIGS = ["sv_greedy_learned", "sv_sample_learned", "sv_greedy_learned_ungated", "sv_sample_learned_ungated",
-                   "sv_greedy_learned_tree", "sv_sample_learned_tree"]
+                   "sv_greedy_learned_tree", "sv_sample_learned_tree", "sv_sample_learned_drawn_tree",
+                   "sv_sample_learned_iid_tree"]
+# How a learned tree's children are chosen, by config infix (LearnedTreeDraft's ``children``); default top-k.
+TREE_CHILDREN = {"_drawn_tree": "without_replacement", "_iid_tree": "with_replacement"}
 FIELDS = ["config", "prompt", "repeat", "mode", "draft", "warp", "linears", "temperature", "top_k", "top_p", "k", "node_budget",
           "new_tokens", "seconds", "tokens_per_s",
           "target_passes", "tokens_per_round", "drafted", "accepted", "acceptance", "draft_s", "target_s", "verify_s",
@@ -289,8 +294,10 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
         from specverify.integrations.learned_draft import DEFAULT_MIN_CONFIDENCE, learned_callbacks
 
         gate = 0.0 if "_ungated" in config else p.get("min_confidence", DEFAULT_MIN_CONFIDENCE)
+        children = next((v for infix, v in TREE_CHILDREN.items() if infix in config), "top_k")
         return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
-                                 tree=tree, node_budget=node_budget, min_confidence=gate, **sample)
+                                 tree=tree, node_budget=node_budget, tree_children=children, min_confidence=gate,
+                                 **sample)
     draft = "prompt_lookup" if "lookup" in config else draft_model
     return speculative_callbacks(model, draft, greedy=greedy, generator=generator, tree=tree,
                                  node_budget=node_budget, **sample)
@@ -365,7 +372,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
             k = p.get("_policies", {}).setdefault(config, AdaptiveK(k_max=row["k"], k_min=0))
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=k, greedy=greedy,
                                     generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos,
-                                    method="block" if config.endswith("_block") else "token")
+                                    method="block" if name.endswith("_block") else "token")
         t0 = time.perf_counter()
         out = dec.generate(prompt_ids, p["max_new"])
         seconds = time.perf_counter() - t0

@@ -349,11 +349,12 @@ class SpeculativeDecoder:
         return tokens[:n_accepted].tolist() + [next_token]
 
     # -- tree rounds (the draft returned a DraftTree) ------------------------------------------
-    def _verify_tree(self, target_probs, draft_probs, tokens, parents):
-        """``(path, next_token)``: target_probs [N+1, V], draft_probs [N+1, V] or None, tokens/parents [N]."""
+    def _verify_tree(self, target_probs, draft_probs, tokens, parents, replacement=False):
+        """``(path, next_token)``: target_probs [N+1, V], draft_probs [N+1, V] or None, tokens/parents [N];
+        ``replacement``: the tree's children were drawn i.i.d. (:attr:`DraftTree.replacement`)."""
         if self.greedy:
             return verify_tree_greedy(target_probs, tokens, parents)
-        return accept_tree(target_probs, draft_probs, tokens, parents, generator=self.generator)
+        return accept_tree(target_probs, draft_probs, tokens, parents, generator=self.generator, replacement=replacement)
 
     @staticmethod
     def _checked_depth(tree: DraftTree, max_depth: int) -> int:
@@ -436,7 +437,8 @@ class SpeculativeDecoder:
                 if tree is None:
                     n_acc, next_token = self._verify(target_probs, draft_probs, tokens)
                 else:
-                    path, next_token = self._verify_tree(target_probs, draft_probs, tokens, tree.parents)
+                    path, next_token = self._verify_tree(target_probs, draft_probs, tokens, tree.parents,
+                                                         bool(tree.replacement))
                     path = torch.as_tensor(path, dtype=torch.int64).reshape(-1)
                     n_acc = path.numel()
             except ValueError as error:

@@ -32,11 +32,18 @@ __all__ = ["DraftTree", "Trie", "check_parents", "depths", "ancestor_mask", "pat
 
 @dataclass
 class DraftTree:
-    """What a tree draft returns: ``tokens [N]``, ``parents [N]`` and ``probs [N + 1, V]`` or None."""
+    """What a tree draft returns: ``tokens [N]``, ``parents [N]`` and ``probs [N + 1, V]`` or None.
+
+    ``probs[r]`` is the law the children of row ``r`` were drawn from (row 0 the root, row ``i + 1``
+    node ``i``; a leaf's row is not read). ``replacement`` says how: one after another without
+    replacement (False, siblings distinct; recursive rejection sampling) or i.i.d. (True;
+    SpecInfer's rule), as :func:`specverify.accept_tree`'s argument of that name.
+    """
 
     tokens: torch.Tensor  # [N] int64
     parents: torch.Tensor  # [N] int64
     probs: Optional[object] = None  # [N + 1, V] or None (deterministic children)
+    replacement: bool = False  # how children were drawn from probs (read only with probs)
 
     def __post_init__(self):
         # integer ids only, 1-D, as for chain drafts: floats and booleans are refused, not truncated

@@ -504,8 +504,20 @@ class LearnedTreeDraft(_PairCache):
     and the best ``node_budget`` form the tree (the same rerank as
     :class:`~specverify.integrations.transformers.CausalLMTreeDraft`: ancestors score at least as high as their children, so the kept set is a tree).
 
-    Children are deterministic (``probs=None``, verified by sample-and-match) in greedy and
+    ``children`` says how a node's children are chosen. ``"top_k"`` (the default): the ``top_k``
+    most likely, deterministic (``probs=None``, verified by sample-and-match) in greedy and
     sampling mode alike, so the decoder's output law is the target's whatever the draft proposes.
+    In sampling mode the children may instead be *drawn* from the node's warped row ``q`` (zero
+    outside the reduced vocabulary) with ``generator``, and the tree carries the rows
+    (``probs [N + 1, V]``) for :func:`specverify.accept_tree`'s stochastic rules:
+    ``"without_replacement"`` (one after another, siblings distinct, by Gumbel-top-k: recursive
+    rejection sampling, EAGLE / Jeon et al. 2024) or ``"with_replacement"`` (i.i.d.; SpecInfer's
+    rule; :attr:`~specverify.tree_drafts.DraftTree.replacement` set). A drawn tree is never
+    reranked (dropping a drawn child for its own probability would bias what is kept): each level
+    expands the ``beam`` drawn nodes of highest path probability, which draw up to ``top_k``
+    children each while ``node_budget`` lasts, best node first. Every choice of shape reads the
+    path to a node (its own token included) and other nodes' draws, never the node's own
+    children, so verification stays exact.
     Tree nodes' pairs are dropped after the call (the cache keeps the true pairs only); after the
     target scores the tree, :class:`HiddenTap` takes the hidden rows of the path the decoder
     accepted from that forward. Counters: ``steps`` (draft forwards), ``proposed`` (nodes);
@@ -516,15 +528,27 @@ class LearnedTreeDraft(_PairCache):
     ``min_confidence`` compete for the ``node_budget`` (a node's path probability is at most its
     parent's, so they still form a tree) and only they are expanded; the tree may be empty (a
     plain target step). Any rule that shapes a tree of deterministic children keeps verification
-    exact. ``empty`` counts the calls the gate left without a node.
+    exact. Drawn children: a node stops drawing before child ``j`` when its path probability
+    times the largest probability left to draw (``max q`` without the children drawn before it,
+    renormalized; ``max q`` with replacement) is below the gate, the chain's rule decided before
+    the draw. ``empty`` counts the calls the gate left without a node.
     """
 
+    CHILDREN = ("top_k", "without_replacement", "with_replacement")
+
     def __init__(self, head: FeatureHead, target, node_budget: int = 16, top_k: int = 4, beam: int = 4,
-                 temperature: float = 1.0, min_confidence: float = 0.0):
+                 temperature: float = 1.0, min_confidence: float = 0.0, children: str = "top_k",
+                 generator: Optional[torch.Generator] = None):
         _check_tree_shape(node_budget, top_k, beam, temperature)
+        if children not in self.CHILDREN:
+            raise ValueError(f"children must be one of {self.CHILDREN}, got {children!r}")
         super().__init__(head, target)
+        if children != "top_k" and self.greedy:
+            raise ValueError(f"children={children!r} draws from the draft's rows: it needs a sampling target "
+                             "(greedy verification matches tokens; use children='top_k')")
         self.node_budget, self.top_k, self.beam, self.temperature = int(node_budget), int(top_k), int(beam), temperature
         self.min_confidence = _check_gate(min_confidence)
+        self.children, self.generator = children, generator
         self.empty = 0
 
     @torch.inference_mode()
@@ -534,6 +558,8 @@ class LearnedTreeDraft(_PairCache):
         if n < 2 or k < 1:  # a pair needs a token after a position
             return DraftTree(seq[:0], seq[:0])
         f, z = self._sync(seq)
+        if self.children != "top_k":
+            return self._count(self._drawn_tree(n, f, z, k))
         ids = self.head.vocab_ids
         past = self._past  # the true pairs [1, kv, P, hd], then the expanded nodes
         n_pairs = past[0].shape[2]
@@ -564,10 +590,79 @@ class LearnedTreeDraft(_PairCache):
             self.steps += 1
             frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]
         budget = min(self.node_budget, sum(score >= log_gate for score in scores))
-        tree = _rerank(tokens, parents, scores, budget)
+        return self._count(_rerank(tokens, parents, scores, budget))
+
+    def _count(self, tree: DraftTree) -> DraftTree:
         self.proposed += tree.n_nodes
         self.empty += tree.n_nodes == 0
         return tree
+
+    def _draw(self, row: torch.Tensor, m: int) -> list:
+        """``m`` entries of ``row`` ``[V_r]`` (a warped draft row), in draw order: one after another
+        without replacement (Gumbel-top-k: the order of ``log q + Gumbel`` keys is a sequential
+        draw without replacement, Kool et al. 2019) or i.i.d."""
+        if self.children == "with_replacement":
+            return torch.multinomial(row, m, replacement=True, generator=self.generator).tolist()
+        u = torch.rand(row.numel(), dtype=torch.float64, generator=self.generator)
+        keys = torch.log(row.double()) - torch.log(-torch.log1p(-u))  # -log(1 - u): u = 0 is drawn, 1 never
+        return torch.topk(keys, m).indices.tolist()  # q = 0 entries have key -inf: m <= support
+
+    def _gate_stops(self, score: float, q: torch.Tensor, drawn: list) -> int:
+        """How many of ``drawn`` (a node's children, in draw order) pass the gate: child ``j`` is
+        kept while ``exp(score) * max q^(j)`` is at least it (``q^(j)``: ``q`` without the
+        children before ``j``, renormalized; ``q`` itself with replacement)."""
+        if not self.min_confidence:
+            return len(drawn)
+        left, taken = q.clone(), 0
+        for j in drawn:
+            if math.exp(score) * float(left.max() / left.sum()) < self.min_confidence:
+                break
+            taken += 1
+            if self.children == "without_replacement":
+                left[j] = 0.0
+        return taken
+
+    def _drawn_tree(self, n: int, f: torch.Tensor, z: torch.Tensor, k: int) -> DraftTree:
+        """The tree of drawn children (``children`` not ``"top_k"``); see the class docstring."""
+        ids = self.head.vocab_ids
+        past = self._past
+        n_pairs = past[0].shape[2]
+        tokens, parents, scores = [], [], []  # every node: token, parent, log path probability
+        rows = {}  # node -> its warped row [V_r] (the law its children were drawn from); -1 the root
+        expanded = []
+        frontier = [(-1, 0.0, f, z)]
+        paths, self.last_logits = {-1: ()}, {}
+        for depth in range(k):
+            level = []
+            for cand, score, _, logits in frontier:  # best path first: it draws first
+                self.last_logits[paths[cand]] = logits
+                row = self.sampling.rows(logits[None])[0]
+                rows[cand] = row
+                q = row / row.sum()
+                m = min(self.top_k, self.node_budget - len(tokens), int((q > 0).sum()))
+                drawn = self._draw(q, m) if m > 0 else []
+                for j in drawn[: self._gate_stops(score, q, drawn)]:
+                    tokens.append(int(ids[j]))
+                    parents.append(cand)
+                    scores.append(score + math.log(float(q[j])))
+                    level.append(len(tokens) - 1)
+                    paths[len(tokens) - 1] = paths[cand] + (int(ids[j]),)
+            if depth == k - 1 or not level or len(tokens) >= self.node_budget:
+                break
+            best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
+            feature = {c: feat for c, _, feat, _ in frontier}
+            allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
+            allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
+            feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
+            f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]),
+                                     torch.tensor([n - 2 + depth + 1] * len(best)), past=past, mask=allowed)
+            self.steps += 1
+            frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]  # best sorted by score
+        probs = torch.zeros(len(tokens) + 1, self.vocab_size, dtype=torch.float32)  # [N + 1, V]
+        for r in range(len(tokens) + 1):  # a leaf's row is not read: the root's stands in
+            probs[r, ids] = rows.get(r - 1, rows[-1])
+        return DraftTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64), probs,
+                         replacement=self.children == "with_replacement")
 
 
 class HybridDraft:
@@ -610,15 +705,18 @@ class HybridDraft:
 def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                       generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
-                      tree_top_k: int = 4, beam: int = 4, min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                      tree_top_k: int = 4, beam: int = 4, tree_children: str = "top_k",
+                      min_confidence: float = DEFAULT_MIN_CONFIDENCE):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
     draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
     (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
     :func:`~specverify.integrations.transformers.speculative_callbacks`. ``tree=True``: the
     learned draft is a :class:`LearnedTreeDraft` of up to ``node_budget`` nodes, ``tree_top_k``
     children per expanded node and ``beam`` expanded nodes per level (the decoder's ``k`` is then
-    the tree's depth); ``generator`` is then unused (the tree's children are deterministic).
-    ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
+    the tree's depth); ``tree_children``: how a node's children are chosen
+    (:class:`LearnedTreeDraft`'s ``children``: ``"top_k"``, deterministic, in which case
+    ``generator`` is unused; ``"without_replacement"`` or ``"with_replacement"``, drawn with
+    ``generator``, sampling only). ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
     0: off; default :data:`DEFAULT_MIN_CONFIDENCE`)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
@@ -627,7 +725,7 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
     target_step = CausalLMTarget(target_model, sampling)
     if tree:
         draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam,
-                                      min_confidence=min_confidence)
+                                      min_confidence=min_confidence, children=tree_children, generator=generator)
     else:
         draft_step = LearnedDraft(head, target_step, generator=generator, min_confidence=min_confidence)
     if hybrid:

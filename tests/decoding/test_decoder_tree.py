@@ -5,7 +5,9 @@ target; sampling mode with deterministic children (sample-and-match) preserves t
 law over whole continuations (chi-square on counts against the enumerated law, alpha = 1e-6, fixed
 seeds), and the same test rejects broken tree rules (power check): a node rule of section B.5 and
 a residual that keeps the rejected children (written with ``tests/tree_rules.walk``), and rows
-aligned to each node's parent instead of the node (an off-by-one of the tree row layout).
+aligned to each node's parent instead of the node (an off-by-one of the tree row layout). Drawn
+children (``DraftTree.probs``, without or with replacement) keep the law; draws without
+replacement flagged as i.i.d. are rejected, i.i.d. draws flagged as distinct raise.
 """
 
 import numpy as np
@@ -45,6 +47,35 @@ def markov_tree_draft(draft: BigramModel, widths=(2, 2, 1), reverse=False, log=N
                     nxt.append((len(trie_tokens) - 1, int(tok)))
             frontier = nxt
         return DraftTree(trie_tokens, parents)
+
+    return step
+
+
+def drawn_markov_tree_draft(draft: BigramModel, widths=(2, 2), replacement=False, seed=0, flag=None):
+    """Drawn children: at depth d every node draws widths[d] children from the draft's row, one
+    after another without replacement (Gumbel-top-k) or i.i.d. (``replacement``); the tree carries
+    the rows (``probs [N + 1, V]``) and says how they were drawn (``flag``, default ``replacement``:
+    a wrong flag is the broken variant)."""
+    rng = np.random.default_rng(seed)
+
+    def step(prefix, k):
+        tokens, parents, rows, frontier = [], [], [draft.table[int(prefix[-1])]], [(-1, int(prefix[-1]))]
+        for width in widths[:k]:
+            nxt = []
+            for node, prev in frontier:
+                q = draft.table[prev]
+                if replacement:
+                    drawn = rng.choice(q.size, size=width, p=q)
+                else:
+                    keys = np.log(q) + rng.gumbel(size=q.size)  # zeros: -inf, never drawn
+                    drawn = np.argsort(-keys, kind="stable")[: min(width, int((q > 0).sum()))]
+                for tok in drawn:
+                    parents.append(node)
+                    tokens.append(int(tok))
+                    rows.append(draft.table[int(tok)])  # node's row: the law of its children
+                    nxt.append((len(tokens) - 1, int(tok)))
+            frontier = nxt
+        return DraftTree(tokens, parents, np.array(rows), replacement=replacement if flag is None else flag)
 
     return step
 
@@ -148,7 +179,7 @@ class BrokenTreeRule(sv.SpeculativeDecoder):
 
     node_rule = None
 
-    def _verify_tree(self, target_probs, draft_probs, tokens, parents):
+    def _verify_tree(self, target_probs, draft_probs, tokens, parents, replacement=False):
         u = self.generator.random(tokens.numel() + 1)
         rows = np.asarray(target_probs, dtype=np.float64)
         return walk(rows, rows, tokens.tolist(), parents.tolist(), u, type(self).node_rule)
@@ -180,10 +211,10 @@ class ChildrenKeptInFinalDraw(BrokenTreeRule):
 class RowsOfTheParent(sv.SpeculativeDecoder):
     """Broken layout: row i + 1 taken from node i's parent position (the chain's off-by-one, in trees)."""
 
-    def _verify_tree(self, target_probs, draft_probs, tokens, parents):
+    def _verify_tree(self, target_probs, draft_probs, tokens, parents, replacement=False):
         rows = np.asarray(target_probs)
         shifted = np.concatenate([rows[:1], rows[parents.numpy() + 1]])
-        return super()._verify_tree(shifted, draft_probs, tokens, parents)
+        return super()._verify_tree(shifted, draft_probs, tokens, parents, replacement)
 
 
 def tree_continuation_test(cls, *, vocab, length, k, runs, seed, widths, reverse=False, lam=0.5):
@@ -232,6 +263,42 @@ def test_tree_sampling_with_an_adaptive_depth_preserves_joint_law():
     assert policy.tree_draft and res.dof >= 10 and rounds_per_run > 1.2
     assert len({k for k, limit in asked if limit >= 3}) >= 3, sorted(set(asked))
     assert res.pvalue > ALPHA, res
+
+
+# A draft far from the target (lam 0.9) with wide levels, where the two stochastic rules differ most.
+DRAWN = dict(lam=0.9, widths=(3, 2))
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_drawn_tree_sampling_preserves_joint_law(replacement):
+    """Children drawn from the draft's rows (without replacement: recursive rejection sampling;
+    with: SpecInfer's rule, chosen by DraftTree.replacement): the joint law holds."""
+    target, draft = bigram_pair(7, 4, lam=DRAWN["lam"])
+    dec = sv.SpeculativeDecoder(drawn_markov_tree_draft(draft, DRAWN["widths"], replacement, seed=3),
+                                markov_tree_target(target), k=2, greedy=False, generator=np.random.default_rng(7))
+    res, rounds_per_run = continuation_chisquare(dec, target, 4, 4000)  # 4 tokens: at least two rounds
+    assert res.dof >= 10 and rounds_per_run > 2.0
+    assert res.pvalue > ALPHA, res
+
+
+def test_drawn_tree_law_test_rejects_draws_without_replacement_verified_as_iid():
+    """Power check: siblings drawn without replacement but flagged ``replacement=True`` (SpecInfer's
+    rule on draws it was not made for) -- a silent bias the same test, sizes and seed reject."""
+    target, draft = bigram_pair(7, 4, lam=DRAWN["lam"])
+    dec = sv.SpeculativeDecoder(drawn_markov_tree_draft(draft, DRAWN["widths"], False, seed=3, flag=True),
+                                markov_tree_target(target), k=2, greedy=False, generator=np.random.default_rng(7))
+    res, _ = continuation_chisquare(dec, target, 4, 4000)
+    assert res.pvalue < ALPHA, res
+
+
+def test_iid_draws_flagged_without_replacement_are_refused():
+    """The other way round is not silent: repeated siblings under ``replacement=False`` raise."""
+    target, draft = bigram_pair(7, 4, lam=1.0)
+    dec = sv.SpeculativeDecoder(drawn_markov_tree_draft(draft, (3, 2), True, seed=3, flag=False),
+                                markov_tree_target(target), k=2, greedy=False, generator=np.random.default_rng(7))
+    with pytest.raises(ValueError, match="repeats its sibling"):
+        for _ in range(50):
+            dec.generate(torch.tensor([1, 2]), max_new=4)
 
 
 @pytest.mark.parametrize("broken", [UnconditionedSiblings, ChildrenKeptInFinalDraw, RowsOfTheParent])

@@ -10,6 +10,9 @@
   decoder's joint law equals the target's (sampling, deterministic children), with the power
   check: a tree draft that reports its draft rows as if its top-k children had been drawn from
   them is rejected.
+- Drawn tree children (``children="without_replacement"`` / ``"with_replacement"``, the stochastic
+  tree rules): the joint law, gated too, with the power check: a drawn tree reranked after drawing
+  (EAGLE-2's rerank applied to draws) is rejected.
 - The gate (``min_confidence``): the joint law with a gated draft (token-wise and block; rounds
   left empty and rounds proposed), with the power check: a gate that reads the drawn token's own
   probability is rejected; the gated chain cuts exactly where draft_eval's statistic falls below
@@ -256,6 +259,98 @@ def test_the_law_test_rejects_tree_children_reported_as_drawn(tiny):
     assert st.chisquare_counts(counts, law).pvalue < ALPHA
 
 
+# Drawn trees at temperature 3, where the tiny draft's rows are spread and its draws vary.
+DRAWN_WARP = dict(temperature=3.0, top_k=0, top_p=1.0)
+
+
+def _drawn_tree(children, cls=ld.LearnedTreeDraft, gate=0.0, **shape):
+    """A ``draft_cls`` of drawn children (depth 2 over 3 tokens; wider than the support: the
+    root draws every token a row allows)."""
+    shape = dict(dict(node_budget=5, top_k=3, beam=2), **shape)
+    return lambda head, target, generator=None: cls(head, target, children=children, generator=generator,
+                                                    min_confidence=gate, **shape)
+
+
+class RerankedDrawnTree(ld.LearnedTreeDraft):
+    """Broken (EAGLE-2's rerank on drawn children): a larger tree is drawn, then only the
+    ``keep`` nodes of highest path probability (and their ancestors) are kept, so a drawn child
+    survives for its own probability and the kept siblings are not the draws the rows describe."""
+
+    keep = 2
+
+    def __call__(self, prefix, k):
+        tree = super().__call__(prefix, k)
+        if tree.n_nodes <= self.keep:
+            return tree
+        parents = tree.parents.tolist()
+        rows = tree.probs / tree.probs.sum(1, keepdim=True)
+        score = [0.0] * tree.n_nodes
+        for i, (t, p) in enumerate(zip(tree.tokens.tolist(), parents)):
+            score[i] = (score[p] if p >= 0 else 0.0) + float(torch.log(rows[p + 1, t]))
+        kept = set(sorted(range(tree.n_nodes), key=lambda i: -score[i])[: self.keep])
+        for i in list(kept):
+            while parents[i] >= 0:
+                kept.add(parents[i])
+                i = parents[i]
+        order = sorted(kept)
+        index = {i: j for j, i in enumerate(order)}
+        return ld.DraftTree(tree.tokens[order], torch.tensor([index.get(parents[i], -1) for i in order]),
+                            torch.cat([tree.probs[:1], tree.probs[[i + 1 for i in order]]]), replacement=tree.replacement)
+
+
+@pytest.mark.parametrize("children", ["without_replacement", "with_replacement"])
+def test_drawn_learned_tree_preserves_the_joint_law(tiny, children):
+    model, head = tiny
+    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, "token", draft_cls=_drawn_tree(children),
+                                                      warp=DRAWN_WARP)
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and rounds > 1.2, (res, rounds)
+    assert res.pvalue > ALPHA, res
+    assert draft.proposed > 2 * draft.steps // 3  # trees of several nodes
+
+
+def test_gated_drawn_learned_tree_preserves_the_joint_law(tiny):
+    model, head = tiny
+    counts, _, law, draft = _continuation_counts(model, head, RUNS, "token", warp=DRAWN_WARP,
+                                                 draft_cls=_drawn_tree("without_replacement", gate=GATE))
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and res.pvalue > ALPHA, res
+    assert draft.empty > 0 and draft.proposed > 0, (draft.empty, draft.proposed)
+
+
+def test_the_law_test_rejects_a_reranked_drawn_tree(tiny):
+    model, head = tiny
+    counts, _, law, _ = _continuation_counts(model, head, RUNS, "token", warp=DRAWN_WARP,
+                                             draft_cls=_drawn_tree("without_replacement", RerankedDrawnTree))
+    assert st.chisquare_counts(counts, law).pvalue < ALPHA
+
+
+def test_drawn_tree_shape(tiny):
+    """Drawn trees: siblings distinct without replacement, rows are the draft's warped rows over
+    the reduced vocabulary, the budget holds; greedy targets refuse drawn children."""
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    for children in ("without_replacement", "with_replacement"):
+        target = CausalLMTarget(model, Sampling(greedy=False, **WARP))
+        draft = ld.LearnedTreeDraft(head, target, node_budget=5, top_k=3, beam=2, children=children,
+                                    generator=torch.Generator().manual_seed(1))
+        for _ in range(5):
+            tree = draft(torch.tensor(PROMPT), 3)
+            assert 0 < tree.n_nodes <= 5 and tree.depth() <= 3 and tree.replacement == (children == "with_replacement")
+            assert tree.probs.shape == (tree.n_nodes + 1, V) and (tree.probs[:, 1] == 0).all()
+            torch.testing.assert_close(tree.probs.sum(1), torch.ones(tree.n_nodes + 1))
+            assert set(tree.tokens.tolist()) <= set(REDUCED)
+            root = tree.tokens[tree.parents == -1].tolist()
+            if children == "without_replacement":
+                assert len(set(root)) == len(root)
+        draft.tap.remove()
+    with pytest.raises(ValueError, match="sampling target"):
+        ld.LearnedTreeDraft(head, CausalLMTarget(model, Sampling()), children="without_replacement")
+    with pytest.raises(ValueError, match="children must be one of"):
+        ld.LearnedTreeDraft(head, CausalLMTarget(model, Sampling(greedy=False)), children="drawn")
+
+
 # The gated-draft tests: at temperature 3 the tiny draft's rows have tops of 0.7-0.9 at the first
 # position, so a gate of 0.8 leaves some rounds empty and opens others.
 GATE, GATE_WARP = 0.8, dict(temperature=3.0, top_k=0, top_p=1.0)
@@ -414,6 +509,9 @@ def test_real_model_learned_configs_build_callbacks(tiny):
         assert isinstance(learned, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
         assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE)
         assert t.greedy == config.startswith("sv_greedy")
+        if tree:
+            assert learned.children == {"sv_sample_learned_drawn_tree": "without_replacement",
+                                        "sv_sample_learned_iid_tree": "with_replacement"}.get(config, "top_k")
         d.tap.remove()
 
 
