@@ -18,8 +18,8 @@ formats, code, chat):
    ``use_fast_linears`` for every row, greedy outputs compared with plain ``generate``.
 
 Results: ``results/draft_eval/<key>/`` (``acceptance.csv``, ``runs.csv``, ``meta.json``);
-``media/learned_draft.md`` (tables with machine, date, command)
-is written from them (``--table-only`` rewrites it from the cached run).
+``media/learned_draft.md`` (tables with machine, date, command) and ``media/learned_draft.png``
+(:func:`plot`) are written from them (``--table-only`` rewrites both from the cached run).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup"
 PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
+FIGURE = "learned_draft.png"
 ROUND_PARTS = ("draft_s", "target_s", "verify_s", "other_s")  # a decoder's time, split (the table's shares)
 TUNING_CHUNK = 7  # train_draft's prompts come in chunks; the shipped draft was trained on chunk 0's answers
 
@@ -245,6 +246,77 @@ def write_table(summary, speed, meta, out_path, command):
     Path(out_path).write_text("\n".join(lines) + "\n")
 
 
+GOALS = {"greedy": 1.8, "sample": 1.6}  # the issue's goals, x plain generate averaged over the prompts
+
+
+def plot(out_dir, out_path=None):
+    """``media/learned_draft.png`` from a cached run (``acceptance.csv``, ``runs.csv``,
+    ``meta.json`` in ``out_dir``): acceptance per draft position against the law's tokens per
+    pass, the gate statistic's calibration, and each config's speed-up over plain generate
+    (pooled, and per prompt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    meta = paths.read_json(out_dir / "meta.json")
+    k = int(meta["k"])
+    records = [dict(r, position=int(r["position"]), reached=int(r["reached"]), value=float(r["value"]),
+                    emitted=int(r["emitted"]), gate=float(r["gate"])) for r in real_model.read(out_dir / "acceptance.csv")]
+    summary = acceptance_summary(records, k)
+    has_speed = bool(meta.get("speed")) and (out_dir / "runs.csv").is_file()
+    fig, axes = plt.subplots(1, 3 if has_speed else 2, figsize=(16 if has_speed else 10, 5.2),
+                             gridspec_kw=dict(width_ratios=[1, 1, 1.6] if has_speed else [1, 1]))
+    colors = {"greedy": "#2b7bba", "sample": "#f0a030"}
+    ax = axes[0]
+    for j, (mode, s) in enumerate(summary.items()):
+        xs = [i + 1 + (j - 0.5) * 0.38 for i in range(k)]
+        ax.bar(xs, s["rates"], width=0.38, color=colors[mode],
+               label=f"{mode}: law {s['predicted']:.2f}, measured {s['measured']:.2f} tokens/pass")
+    ax.set_xticks(range(1, k + 1))
+    ax.set_xlabel("draft position (rounds that reached it)")
+    ax.set_ylabel("greedy: argmax match; sampling: sum min(p, q)")
+    ax.set_ylim(0, 1)
+    ax.set_title("acceptance of the learned draft (ungated)")
+    ax.legend(fontsize=8, loc="upper right")
+    ax = axes[1]
+    for mode, s in summary.items():
+        bins = [(lo, hi, n, r) for lo, hi, n, r in s["gate"] if n]
+        ax.plot([(lo + hi) / 2 for lo, hi, _, _ in bins], [r for *_, r in bins], "o-", color=colors[mode], label=mode)
+    ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls="--", label="calibrated")
+    gate = meta.get("min_confidence")
+    if gate is not None:
+        ax.axvline(gate, color="black", lw=0.8, ls=":", label=f"the gate, {gate}")
+    ax.set_xlabel("gate statistic c_i (bin middle)")
+    ax.set_ylabel("reached and accepted")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_title("what c_i estimates, measured")
+    ax.legend(fontsize=8, loc="upper left")
+    if has_speed:
+        ax = axes[2]
+        by_prompt = real_model.per_prompt_speedup(real_model.read(out_dir / "runs.csv"))
+        shown = [x for x in meta["speed"] if x["config"] not in ("hf_greedy", "hf_sample")]
+        for i, x in enumerate(shown):
+            mode = "sample" if "sample" in x["config"] else "greedy"
+            ax.barh(i, x["ratio"], color=colors[mode], alpha=0.8)
+            pts = [v for (c, _), v in by_prompt.items() if c == x["config"]]
+            ax.plot(pts, [i] * len(pts), "|", color="black", ms=7, alpha=0.6)
+        for mode, goal in GOALS.items():
+            ax.axvline(goal, color=colors[mode], ls="--", lw=1, label=f"goal, {mode}: {goal}x")
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(shown)))
+        ax.set_yticklabels([x["config"] for x in shown], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("x plain generate (bar: pooled over prompts; ticks: each prompt)")
+        ax.set_title(f"end to end, {meta['n_prompts']} held-out prompts, one thread")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.text(0.01, 0.01, f"python -m experiments.draft_eval; K = {k}, {meta['max_new']} new tokens; "
+             f"{meta['utc'][:10]}, git {meta.get('git_revision', '?')}", fontsize=7, color="#555555")
+    return real_model._save(fig, out_path or paths.MEDIA_DIR / FIGURE)
+
+
 def _by_kind(info) -> str:
     kinds = info.get("tokens_by_kind")
     return " (" + ", ".join(f"{n:,} {kind}" for kind, n in kinds.items()) + ")" if kinds else ""
@@ -299,7 +371,8 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--table-only", action="store_true", help="rewrite media/learned_draft.md from the cached run")
+    ap.add_argument("--table-only", action="store_true",
+                    help="rewrite media/learned_draft.md and media/learned_draft.png from the cached run")
     args = ap.parse_args(argv)
     if args.k < 1 or args.max_new < 1 or args.repeats < 1:
         ap.error("--k, --max-new and --repeats must be positive")
@@ -332,7 +405,7 @@ def main(argv=None):
             if "vocab_coverage" in meta["summary"]["greedy"]:
                 summary["greedy"]["vocab_coverage"] = meta["summary"]["greedy"]["vocab_coverage"]
         write_table(summary, meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
-        print(f"wrote {paths.MEDIA_DIR / TABLE} from {out_dir}")
+        print(f"wrote {paths.MEDIA_DIR / TABLE} and {plot(out_dir)} from {out_dir}")
         return
     load_before = os.getloadavg()
     model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
@@ -361,7 +434,7 @@ def main(argv=None):
         return
     paths.MEDIA_DIR.mkdir(parents=True, exist_ok=True)
     write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
-    print(f"wrote {paths.MEDIA_DIR / TABLE}")
+    print(f"wrote {paths.MEDIA_DIR / TABLE} and {plot(out_dir)}")
 
 
 if __name__ == "__main__":

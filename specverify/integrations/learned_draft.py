@@ -524,6 +524,9 @@ class LearnedTreeDraft(_PairCache):
     ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r]}`` of the root (``()``) and
     every expanded node of the latest call. Not thread-safe (one decoder at a time, as the target).
 
+    ``temperature`` is the top-k ranking's softmax temperature (drawn children use ``sampling``'s
+    warp, as the target's rows).
+
     ``min_confidence`` (the gate, 0 = off): only candidates whose path probability is at least
     ``min_confidence`` compete for the ``node_budget`` (a node's path probability is at most its
     parent's, so they still form a tree) and only they are expanded; the tree may be empty (a
@@ -580,17 +583,25 @@ class LearnedTreeDraft(_PairCache):
                 level = [c for c in level if scores[c] >= log_gate]
             if depth == k - 1 or not level:
                 break
-            best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
-            feature = {c: feat for c, _, feat, _ in frontier}  # a candidate's pair reads its parent's f
-            allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
-            allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
-            feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
-            f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]),
-                                     torch.tensor([n - 2 + depth + 1] * len(best)), past=past, mask=allowed)
-            self.steps += 1
-            frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]
+            frontier, past = self._expand_level(level, frontier, tokens, parents, scores, expanded, past, n_pairs,
+                                                n - 1 + depth)
         budget = min(self.node_budget, sum(score >= log_gate for score in scores))
         return self._count(_rerank(tokens, parents, scores, budget))
+
+    def _expand_level(self, level, frontier, tokens, parents, scores, expanded, past, n_pairs: int, position: int):
+        """Expand the ``beam`` best candidates of ``level`` (appended to ``expanded``) by ONE head
+        call: candidate ``c``'s pair is ``(f of its parent, tokens[c])`` at ``position``, attending to
+        the ``n_pairs`` true pairs, its expanded ancestors and itself. Returns the next frontier
+        ``[(candidate, score, f [d], logits [V_r])]``, best first, and the draft's grown KV."""
+        best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
+        feature = {c: feat for c, _, feat, _ in frontier}  # a candidate's pair reads its parent's f
+        allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
+        allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
+        feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
+        f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]), torch.tensor([position] * len(best)),
+                                 past=past, mask=allowed)
+        self.steps += 1
+        return [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)], past
 
     def _count(self, tree: DraftTree) -> DraftTree:
         self.proposed += tree.n_nodes
@@ -632,6 +643,7 @@ class LearnedTreeDraft(_PairCache):
         expanded = []
         frontier = [(-1, 0.0, f, z)]
         paths, self.last_logits = {-1: ()}, {}
+        log_gate = math.log(self.min_confidence) if self.min_confidence else -math.inf
         for depth in range(k):
             level = []
             for cand, score, _, logits in frontier:  # best path first: it draws first
@@ -647,17 +659,12 @@ class LearnedTreeDraft(_PairCache):
                     scores.append(score + math.log(float(q[j])))
                     level.append(len(tokens) - 1)
                     paths[len(tokens) - 1] = paths[cand] + (int(ids[j]),)
+            if self.min_confidence:  # a node below the gate has no child that passes: not worth a draft call
+                level = [c for c in level if scores[c] >= log_gate]
             if depth == k - 1 or not level or len(tokens) >= self.node_budget:
                 break
-            best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
-            feature = {c: feat for c, _, feat, _ in frontier}
-            allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
-            allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
-            feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
-            f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]),
-                                     torch.tensor([n - 2 + depth + 1] * len(best)), past=past, mask=allowed)
-            self.steps += 1
-            frontier = [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)]  # best sorted by score
+            frontier, past = self._expand_level(level, frontier, tokens, parents, scores, expanded, past, n_pairs,
+                                                n - 1 + depth)  # best path first
         probs = torch.zeros(len(tokens) + 1, self.vocab_size, dtype=torch.float32)  # [N + 1, V]
         for r in range(len(tokens) + 1):  # a leaf's row is not read: the root's stands in
             probs[r, ids] = rows.get(r - 1, rows[-1])

@@ -1,0 +1,81 @@
+"""``experiments.draft_eval``'s summaries, table and figure on a small made-up run (no model).
+
+The numbers are chosen so that every value the table prints can be checked by hand: the speed-up
+of a config is its tokens/s over plain generate's of the same mode (``hf_assisted_ee`` against
+greedy ``generate``), the time split sums the parts over the runs, and the figure is drawn from
+the cached files alone.
+"""
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from experiments import paths  # noqa: E402
+from experiments.end_to_end import draft_eval, real_model  # noqa: E402
+
+PROMPTS = ("a", "b")
+
+
+def _run(config, prompt, tokens_per_s, parts=(0.0, 0.0, 0.0, 0.0), same=""):
+    seconds = 96 / tokens_per_s
+    return dict(config=config, prompt=prompt, repeat=0, mode="sample" if "sample" in config else "greedy",
+                new_tokens=96, seconds=seconds, tokens_per_s=tokens_per_s, target_passes=48,
+                **{part: share * seconds for part, share in zip(draft_eval.ROUND_PARTS, parts)},
+                same_as_generate=same)
+
+
+def _records(k=2):
+    out = []
+    for mode in ("greedy", "sample"):
+        for r in range(10):
+            emitted = 2 if r % 2 else 1  # position 1 accepted in every other round
+            for i in range(k):
+                out.append(dict(mode=mode, prompt="a", round=r, position=i + 1, reached=int(i < emitted),
+                                value=float(r % 2 and i == 0), emitted=emitted, gate=0.3 if i == 0 else 0.05))
+    return out
+
+
+@pytest.fixture
+def run(tmp_path):
+    rows = []
+    for prompt in PROMPTS:
+        rows += [_run("hf_greedy", prompt, 10.0, same=True), _run("hf_assisted_ee", prompt, 5.0, same=True),
+                 _run("sv_greedy_hybrid_auto", prompt, 12.0 if prompt == "a" else 15.0, (0.1, 0.8, 0.01, 0.09), True),
+                 _run("hf_sample", prompt, 8.0), _run("sv_sample_learned_drawn_tree", prompt, 8.0, (0.4, 0.5, 0.02, 0.08))]
+    records = _records()
+    summary = draft_eval.acceptance_summary(records, 2)
+    speed = draft_eval.speed_summary(rows)
+    meta = dict(paths.run_metadata(), prompt_sets=["heldout"], n_prompts=2, max_new=96, k=2, min_confidence=0.2)
+    draft_eval._write_csv(tmp_path / "acceptance.csv", records)
+    draft_eval._write_csv(tmp_path / "runs.csv", rows)
+    paths.write_json(tmp_path / "meta.json", dict(meta, summary=summary, speed=speed))
+    return tmp_path, summary, speed, meta
+
+
+def test_speed_summary_ratios_against_plain_generate_of_the_same_mode(run):
+    _, _, speed, _ = run
+    by = {s["config"]: s for s in speed}
+    assert by["hf_assisted_ee"]["ratio"] == pytest.approx(0.5)  # against greedy generate
+    auto = by["sv_greedy_hybrid_auto"]
+    assert auto["ratio"] == pytest.approx(192 / (96 / 12 + 96 / 15) / 10)  # pooled: tokens over seconds
+    assert auto["min_ratio"] == pytest.approx(1.2) and auto["same"] == "2/2"
+    assert auto["shares"] == "0.10/0.80/0.01/0.09" and by["hf_assisted_ee"]["shares"] == ""
+    assert by["sv_sample_learned_drawn_tree"]["ratio"] == pytest.approx(1.0)
+
+
+def test_acceptance_summary_and_table(run, tmp_path):
+    out_dir, summary, speed, meta = run
+    assert summary["greedy"]["rates"] == [0.5, 0.0] and summary["greedy"]["measured"] == 1.5
+    table = tmp_path / "table.md"
+    draft_eval.write_table(summary, speed, meta, table, "python -m experiments.draft_eval")
+    text = table.read_text()
+    assert "draft / target / verify / other" in text
+    for config in ("hf_assisted_ee", "sv_greedy_hybrid_auto", "sv_sample_learned_drawn_tree"):
+        assert f"| {config} |" in text
+
+
+def test_the_figure_is_drawn_from_the_cached_run(run, tmp_path):
+    out_dir, *_ = run
+    path = draft_eval.plot(out_dir, tmp_path / "learned_draft.png")
+    assert path.is_file() and path.stat().st_size > 10_000
+    assert real_model.read(out_dir / "runs.csv")[0]["config"] == "hf_greedy"
