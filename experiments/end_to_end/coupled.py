@@ -82,9 +82,10 @@ def coupled_decoder(draft_step, target_step, k, seed, eos_token_id=None):
                     return i, x
             return tokens.numel(), self._draw(rows[-1])
 
-        def _verify_tree(self, target_probs, draft_probs, tokens, parents):
+        def _verify_tree(self, target_probs, draft_probs, tokens, parents, replacement=False):
             # target_probs [N + 1, V] (row r + 1 after node r), tokens / parents [N]: walk down
-            # the children the draws name
+            # the children the draws name (`replacement` only matters for drawn children, which
+            # carry draft probs, refused below)
             if draft_probs is not None:
                 raise ValueError("coupled verification is for deterministic drafts (draft probs None)")
             rows = torch.as_tensor(target_probs)
