@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -203,7 +204,9 @@ def write_table(summary, speed, meta, out_path, command):
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
              f"Draft: {info.get('tokens', '?')} training tokens{_by_kind(info)}, reduced vocabulary "
-             f"{info.get('params', {}).get('vocab', '?')} (covers {info.get('vocab_coverage', '?')} of the training tokens"
+             f"{info.get('params', {}).get('vocab', '?')} (covers "
+             + (f"{info['vocab_coverage_answers']} of the training answers' tokens" if "vocab_coverage_answers" in info
+                else f"{info.get('vocab_coverage', '?')} of the training tokens")
              + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
              + f"); its last `python -m experiments.train_draft` call took {info.get('minutes', '?')} min here "
@@ -223,7 +226,7 @@ def write_table(summary, speed, meta, out_path, command):
                   "c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i of the ungated draft at every drafted position (all "
                   "positions pooled), against the rate at which the position was reached and accepted (sampling: "
                   "reached, times the overlap). The learned configs below propose a position only when c_i >= "
-                  f"{meta.get('min_confidence', '?')}.", "",
+                  f"{_gate_text(meta.get('min_confidence'))}.", "",
                   "| c_i | greedy: positions | greedy: reached and accepted | sampling: positions | sampling: reached x overlap |",
                   "|---|--:|--:|--:|--:|"]
         for (lo, hi, n_g, r_g), (_, _, n_s, r_s) in zip(summary["greedy"]["gate"], summary["sample"]["gate"]):
@@ -231,13 +234,16 @@ def write_table(summary, speed, meta, out_path, command):
         lines.append("")
     if speed:
         lines += ["## Speed end to end (tokens/s ratios to plain generate, same prompts, side by side)", "",
-                  "| config | tokens/s | x plain | min x over prompts | tokens/pass | draft / target / verify / other "
-                  "| greedy == generate |",
-                  "|---|--:|--:|--:|--:|--:|--:|"]
+                  "| config | tokens/s | x plain | min x over prompts | tokens/pass | drafted/pass "
+                  "| draft / target / verify / other | greedy == generate |",
+                  "|---|--:|--:|--:|--:|--:|--:|--:|"]
         for s in speed:
+            per_pass = s.get("drafted_per_round", float("nan"))
             lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
-                         f"{s['tokens_per_round']:.2f} | {s.get('shares', s.get('draft_share', ''))} | {s['same']} |")
-        lines += ["", "Shares: of the decoder's wall time, the draft's calls, the target's passes, verification "
+                         f"{s['tokens_per_round']:.2f} | {'' if math.isnan(per_pass) else f'{per_pass:.2f}'} | "
+                         f"{s.get('shares', s.get('draft_share', ''))} | {s['same']} |")
+        lines += ["", "Drafted/pass: the draft tokens (tree nodes) the target scores per pass, besides the one "
+                  "token a plain step scores. Shares: of the decoder's wall time, the draft's calls, the target's passes, verification "
                   "(the accept ops) and the rest (the decoder's own bookkeeping). `hf_assisted_ee`: transformers' "
                   "assisted generation with real_model's early-exit draft (the target's first `ee_layers` layers); `_auto`: AdaptiveK chooses "
                   "each round's K (0 to K) from the rounds before; `_drawn_tree` / `_iid_tree`: the learned tree's "
@@ -286,8 +292,9 @@ def plot(out_dir, out_path=None):
         ax.plot([(lo + hi) / 2 for lo, hi, _, _ in bins], [r for *_, r in bins], "o-", color=colors[mode], label=mode)
     ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls="--", label="calibrated")
     gate = meta.get("min_confidence")
-    if gate is not None:
-        ax.axvline(gate, color="black", lw=0.8, ls=":", label=f"the gate, {gate}")
+    gates = gate if isinstance(gate, dict) else {} if gate is None else {"greedy": gate, "sample": gate}
+    for mode, value in gates.items():
+        ax.axvline(value, color=colors[mode], lw=0.8, ls=":", label=f"the gate ({mode}), {value}")
     ax.set_xlabel("gate statistic c_i (bin middle)")
     ax.set_ylabel("reached and accepted")
     ax.set_xlim(0, 1)
@@ -332,6 +339,36 @@ def _cpu_name() -> str:
     return "unknown CPU"
 
 
+def _gates(min_confidence) -> dict:
+    """The gate of each mode, ``{"greedy": c, "sample": c}``: ``min_confidence`` for both, or the defaults."""
+    from specverify.integrations import learned_draft
+
+    if min_confidence is None:
+        return dict(learned_draft.DEFAULT_MIN_CONFIDENCE)
+    return {"greedy": min_confidence, "sample": min_confidence}
+
+
+def _gate_text(gate) -> str:
+    """A run's gate (``meta["min_confidence"]``: per mode, or one number in older runs) for the table."""
+    if isinstance(gate, dict):
+        return f"{gate['greedy']} (greedy) / {gate['sample']} (sampling)"
+    return str(gate if gate is not None else "?")
+
+
+def _numbers(row: dict) -> dict:
+    """A ``runs.csv`` row with its numeric fields as numbers (``same_as_generate`` as 0 / 1)."""
+    out = {}
+    for key, value in row.items():
+        if key == "same_as_generate":
+            out[key] = {"1": 1, "True": 1, "0": 0, "False": 0}.get(value, value)
+            continue
+        try:
+            out[key] = float(value) if value != "" else value
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def speed_summary(rows):
     """Per config: pooled tokens/s, its ratio to plain generate of the same mode, the lowest
     per-prompt ratio, tokens per pass, draft share, greedy equality."""
@@ -348,9 +385,13 @@ def speed_summary(rows):
         same = [r.get("same_as_generate") for r in rs if r["mode"] == "greedy" and r.get("same_as_generate") not in (None, "")]
         shares = "/".join(f"{sum(float(r[part]) for r in rs) / secs:.2f}" for part in ROUND_PARTS) \
             if config.startswith("sv_") else ""
+        passes = sum(r["target_passes"] for r in rs)
+        drafted = [float(r["drafted"]) for r in rs if r.get("drafted") not in (None, "")]
         out.append(dict(config=config, tokens_per_s=new / secs, ratio=(new / secs) / (bnew / bsecs),
                         min_ratio=min(ratios) if ratios else float("nan"),
-                        tokens_per_round=new / sum(r["target_passes"] for r in rs),
+                        tokens_per_round=new / passes,
+                        drafted_per_round=sum(drafted) / passes if drafted and not any(map(math.isnan, drafted))
+                        else float("nan"),
                         shares=shares, same=f"{sum(same)}/{len(same)}" if same else ""))
     return out
 
@@ -366,8 +407,9 @@ def main(argv=None):
     ap.add_argument("--prompt-sets", default="heldout,heldout2", help=f"comma-separated, of {sorted(PROMPT_SETS)}")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--min-confidence", type=float, default=learned_draft.DEFAULT_MIN_CONFIDENCE,
-                    help="the learned configs' gate (the _ungated configs: 0)")
+    ap.add_argument("--min-confidence", type=float, default=None,
+                    help="the learned configs' gate in both modes (default: DEFAULT_MIN_CONFIDENCE of each mode; "
+                         "the _ungated configs: 0)")
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
@@ -376,7 +418,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.k < 1 or args.max_new < 1 or args.repeats < 1:
         ap.error("--k, --max-new and --repeats must be positive")
-    if not 0 <= args.min_confidence < 1:
+    if args.min_confidence is not None and not 0 <= args.min_confidence < 1:
         ap.error(f"--min-confidence must be in [0, 1), got {args.min_confidence}")
     sets = args.prompt_sets.split(",")
     unknown = [s for s in sets if s not in PROMPT_SETS]
@@ -389,12 +431,14 @@ def main(argv=None):
     torch.set_num_threads(1)
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
     params = dict(real_model.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9, seed=args.seed),
-                  k_learned=args.k, min_confidence=args.min_confidence)
+                  k_learned=args.k, min_confidence=_gates(args.min_confidence))
     out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
                                                 repeats=args.repeats))
     command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     command = command.replace(" --table-only", "")
     if args.table_only:  # from the cached run of these parameters (its summary recomputed from its records)
+        if not (out_dir / "meta.json").is_file():
+            ap.error(f"--table-only: no cached run of these parameters ({out_dir}); run without it first")
         meta = paths.read_json(out_dir / "meta.json")
         summary = meta["summary"]
         if (out_dir / "acceptance.csv").is_file():
@@ -404,7 +448,10 @@ def main(argv=None):
             summary = acceptance_summary(records, args.k)
             if "vocab_coverage" in meta["summary"]["greedy"]:
                 summary["greedy"]["vocab_coverage"] = meta["summary"]["greedy"]["vocab_coverage"]
-        write_table(summary, meta["speed"], meta, paths.MEDIA_DIR / TABLE, command)
+        speed = meta["speed"]
+        if (out_dir / "runs.csv").is_file():  # recomputed: the table's columns may be newer than the run
+            speed = speed_summary([_numbers(r) for r in real_model.read(out_dir / "runs.csv")])
+        write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
         print(f"wrote {paths.MEDIA_DIR / TABLE} and {plot(out_dir)} from {out_dir}")
         return
     load_before = os.getloadavg()

@@ -28,7 +28,7 @@ into ``p["_head"]``): ``sv_greedy_learned``, ``sv_sample_learned`` (the chain
 ``k_learned``, top-k children; ``sv_sample_learned_drawn_tree`` / ``sv_sample_learned_iid_tree``:
 children drawn without / with replacement, verified by the stochastic tree rules);
 ``LEARNED_CONFIGS`` lists them. Every learned draft is gated at
-``p["min_confidence"]`` (default :data:`~specverify.integrations.learned_draft.DEFAULT_MIN_CONFIDENCE`);
+``p["min_confidence"]`` (a number, ``{"greedy": c, "sample": c}``, or None: :data:`~specverify.integrations.learned_draft.DEFAULT_MIN_CONFIDENCE` of the mode);
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
@@ -291,9 +291,11 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
     generator = torch.Generator().manual_seed(p["seed"])
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
-        from specverify.integrations.learned_draft import DEFAULT_MIN_CONFIDENCE, learned_callbacks
+        from specverify.integrations.learned_draft import learned_callbacks
 
-        gate = 0.0 if "_ungated" in config else p.get("min_confidence", DEFAULT_MIN_CONFIDENCE)
+        gate = 0.0 if "_ungated" in config else p.get("min_confidence")  # None: the mode's default
+        if isinstance(gate, dict):  # per mode
+            gate = gate["greedy" if greedy else "sample"]
         children = next((v for infix, v in TREE_CHILDREN.items() if infix in config), "top_k")
         return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
                                  tree=tree, node_budget=node_budget, tree_children=children, min_confidence=gate,

@@ -86,6 +86,73 @@ TOPIC_TEMPLATES = [
     "Why would someone use {text}?",
     "Tell me a short story that involves {text}.",
 ]
+# Everyday requests: what a chat assistant is mostly asked, and where its answers differ most from
+# the prose and code of the files above. Subjects and templates are written here, not taken from any
+# prompt set (held-out or benchmark).
+CHAT_TEMPLATES = [
+    "Give me five ideas related to {text}.",
+    "Explain how {text} works, step by step.",
+    "What are the pros and cons of {text}?",
+    "Write a short speech about {text}.",
+    "Describe {text} to someone who has never heard of it.",
+    "What are common mistakes people make with {text}?",
+    "Write a haiku about {text}.",
+    "Write a product description for {text}.",
+    "Write the opening paragraph of a blog post about {text}.",
+    "Answer in one paragraph: why does {text} matter?",
+    "Make a checklist for {text}.",
+    "Write a motivational message about {text}.",
+    "What should I know before I start with {text}?",
+    "Tell me a fun fact about {text} and explain it.",
+    "Compare {text} with {other} in a few sentences.",
+    "Write a short conversation between two friends about {text}.",
+    "Give me a one-week plan for getting better at {text}.",
+    "What is the history of {text}, in brief?",
+]
+SUBJECTS = [
+    "gardening", "a rainy weekend", "learning to swim", "coffee", "tea", "public libraries", "camping",
+    "saving money", "a first job interview", "running a marathon", "houseplants", "volcanoes", "bread baking",
+    "chess", "electric cars", "recycling", "birthday parties", "moving to a new city", "homework",
+    "sleep", "breakfast", "snow", "thunderstorms", "the moon", "honey bees", "museums", "trains",
+    "photography", "knitting", "video games", "board games", "soccer", "basketball", "yoga",
+    "meditation", "time management", "public speaking", "writing a resume", "learning a language",
+    "the piano", "guitar lessons", "a science fair", "recycling old phones", "solar panels", "wind power",
+    "composting", "hiking boots", "dogs as pets", "goldfish", "birds in winter", "autumn leaves",
+    "spring cleaning", "a road trip", "airports", "hotels", "street food", "spicy food", "vegetables",
+    "drinking water", "vitamins", "a healthy lunch", "a budget for students", "credit cards",
+    "online shopping", "passwords", "email etiquette", "social media", "smartphones", "laptops",
+    "the internet", "printers", "spreadsheets", "a small bakery", "opening a cafe", "farmers",
+    "forests", "deserts", "rivers", "mountains", "glaciers", "earthquakes", "the solar system",
+    "telescopes", "dinosaurs", "ancient Egypt", "the printing press", "the telephone", "bicycle repair",
+    "kites", "paper airplanes", "origami", "painting with watercolors", "a school play", "summer camp",
+    "teamwork", "friendship", "kindness", "patience", "curiosity", "a new neighbor", "grandparents",
+    "family dinners", "a wedding toast", "a thank-you note", "job feedback", "a lost wallet",
+    "a flat tire", "fixing a leaky tap", "painting a room", "building a bookshelf", "a tiny house",
+    "city parks", "public transport", "traffic", "clean air", "plastic bags", "ocean tides",
+    "rainbows", "clouds", "fireflies", "ants", "owls", "elephants", "penguins", "sharks",
+    "olive oil", "cheese", "chocolate", "rice", "soup", "sandwiches", "ice cream", "lemonade",
+    "a lemonade stand", "a garage sale", "a job promotion", "working from home", "a daily walk",
+    "stretching", "drawing comics", "poetry readings", "podcasts", "audiobooks", "newspapers",
+    "maps", "compasses", "clocks", "calendars", "birthdays", "holidays", "fireworks", "lanterns",
+]
+TASK_TEMPLATES = [
+    "Paraphrase this paragraph:\n{text}",
+    "Give this text a title and a one-sentence description:\n{text}",
+    "Turn this text into a list of short points:\n{text}",
+    "Which three words matter most in the following text? Explain each:\n{text}",
+    "Write a friendly reply to someone who sent you this:\n{text}",
+    "Is this text formal or informal? Explain with an example:\n{text}",
+    "List every name and number mentioned in this text:\n{text}",
+    "Write a question about this text and answer it:\n{text}",
+    "Shorten this text to one sentence:\n{text}",
+    "Write a unit test for this function:\n```python\n{code}\n```",
+    "Annotate the arguments of this function with types:\n```python\n{code}\n```",
+    "Suggest a clearer name for this function and explain why:\n```python\n{code}\n```",
+    "How could this function be made shorter? Give the new version:\n```python\n{code}\n```",
+    "Sort these alphabetically, one per line:\n{items}",
+    "Number these items and add a short note to each:\n{items}",
+    "Group these into categories:\n{items}",
+]
 
 
 # -- 1. prompts --------------------------------------------------------------------------------
@@ -147,15 +214,34 @@ def build_prompts(n: int, seed: int, max_files: int = 6000):
         for kind, text in snippets(path, _read(path)):
             pieces[kind].append(text)
     templates = {"code": CODE_TEMPLATES, "text": TEXT_TEMPLATES, "topic": TOPIC_TEMPLATES}
-    kinds = [k for k in ("code", "text", "topic") if pieces[k]]
+    kinds = [k for k in ("code", "text", "topic") if pieces[k]] + ["chat", "chat", "task", "task"]
     prompts, counts = [], {k: 0 for k in kinds}
     for i in range(n):
         kind = kinds[i % len(kinds)]
-        text = rng.choice(pieces[kind])
-        prompts.append(rng.choice(templates[kind]).format(text=text))
+        if kind == "chat":
+            subject, other = rng.sample(SUBJECTS, 2)
+            prompts.append(rng.choice(CHAT_TEMPLATES).format(text=subject, other=other))
+        elif kind == "task":
+            prompts.append(_task_prompt(rng, pieces))
+        else:
+            prompts.append(rng.choice(templates[kind]).format(text=rng.choice(pieces[kind])))
         counts[kind] += 1
     return prompts, {"prompts": counts, "pieces": {k: len(v) for k, v in pieces.items()}}
 
+
+def _task_prompt(rng: random.Random, pieces) -> str:
+    """One of :data:`TASK_TEMPLATES`, filled with a prose piece, a function or a few subjects."""
+    template = rng.choice(TASK_TEMPLATES)
+    if "{code}" in template and not pieces["code"] or "{text}" in template and not pieces["text"]:
+        template = TASK_TEMPLATES[-1]
+    return template.format(text=rng.choice(pieces["text"]) if pieces["text"] else "",
+                           code=rng.choice(pieces["code"]) if pieces["code"] else "",
+                           items="\n".join(rng.sample(SUBJECTS, rng.randint(4, 8))))
+
+
+#: Bumped when :func:`build_prompts` changes (part of the answers' cache key): 2 added the everyday
+#: requests (``chat``) and tasks on texts, functions and lists (``task``), over half the prompts.
+PROMPTS_VERSION = 2
 
 # Chunks: chunk c of the answers draws its prompts with seed + CHUNK_SEED_STRIDE * c (chunk 0 with
 # the seed itself), chunk c of the documents with the string "documents:<seed>:<c>".
@@ -393,19 +479,26 @@ def load_sequences(shards):
     return rows
 
 
-def reduced_vocabulary(rows, size: int, always):
-    """The ``size`` most frequent token ids of the data (``always`` included), sorted, and the share
-    of all data tokens they cover."""
+def reduced_vocabulary(answers, documents, size: int, always):
+    """The ``size`` token ids the draft's head keeps, sorted, and the share of the answers' tokens
+    they cover: the most frequent of the target's own answers (what the draft proposes at
+    inference), ties and the rest by their frequency in the documents, ``always`` included.
+    ``answers``, ``documents``: lists of ``(tokens, hidden)`` rows."""
     import torch
 
-    n_ids = max([int(t.max()) for t, _ in rows] + list(always)) + 1
-    counts = torch.zeros(n_ids, dtype=torch.int64)
-    for tokens, _ in rows:
-        counts += torch.bincount(tokens.long(), minlength=n_ids)
-    rank = counts.clone()
-    rank[list(always)] = counts.max() + 1  # always kept
+    n_ids = max([int(t.max()) for t, _ in answers + documents] + list(always)) + 1
+
+    def counts(rows):
+        total = torch.zeros(n_ids, dtype=torch.int64)
+        for tokens, _ in rows:
+            total += torch.bincount(tokens.long(), minlength=n_ids)
+        return total
+
+    in_answers, in_documents = counts(answers), counts(documents)
+    rank = in_answers * (in_documents.max() + 1) + in_documents
+    rank[list(always)] = rank.max() + 1  # always kept
     top = torch.argsort(rank, descending=True)[:size]
-    return torch.sort(top).values, float(counts[top].sum()) / float(counts.sum())
+    return torch.sort(top).values, float(in_answers[top].sum()) / max(1.0, float(in_answers.sum()))
 
 
 # -- 3. training ---------------------------------------------------------------------------------
@@ -594,7 +687,8 @@ def main(argv=None):
     started = time.time()
     shard_params = {k: getattr(args, k) for k in ("seed", "max_files")}
     args.answers_dir = paths.result_dir(EXPERIMENT, {"answers": {**shard_params, "gen_batch": args.gen_batch,
-                                                                   "max_new": args.max_new}}, args.results)
+                                                                   "max_new": args.max_new, "prompts_version": PROMPTS_VERSION}},
+                                        args.results)
     args.documents_dir = paths.result_dir(EXPERIMENT, {"documents": {**shard_params, "doc_batch": args.doc_batch,
                                                                        "doc_len": args.doc_len}}, args.results)
     data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "documents", "doc_batch", "doc_len", "seed")}
@@ -610,18 +704,20 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     model, tokenizer = smollm2.load(log=print)
     model.requires_grad_(False)
-    sources, tokens_by_kind, rows = {}, {}, []
+    sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "documents": []}
     for kind, c, _, path in shard_plan(args):
         name = f"{kind}_c{c:03d}"
         if name not in sources:
             sources[name] = json.loads((path.parent / f"{name}.json").read_text())["sources"]
         shard_rows = [r for r in load_sequences([path]) if r[1].shape[0] >= 4]
         tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _ in shard_rows)
-        rows += shard_rows
+        rows_by_kind[kind] += shard_rows
+    rows = rows_by_kind["answers"] + rows_by_kind["documents"]
     n_tokens = sum(tokens_by_kind.values())
     always = sorted(set(tokenizer.all_special_ids))
-    vocab_ids, coverage = reduced_vocabulary(rows, args.vocab, always)
-    print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} of them")
+    vocab_ids, coverage = reduced_vocabulary(rows_by_kind["answers"], rows_by_kind["documents"], args.vocab, always)
+    print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} "
+          "of the answers' tokens")
 
     torch.manual_seed(args.seed)
     head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
@@ -632,7 +728,7 @@ def main(argv=None):
     last = history[-max(1, len(history) // 10):]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
             "tokens_by_kind": tokens_by_kind,
-            "vocab_coverage": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
+            "vocab_coverage_answers": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in ("loss", "ce1", "ce2", "top1", "top2", "overlap1")},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
             "run": paths.run_metadata()}

@@ -387,12 +387,18 @@ class _PairCache:
         return f[0, -1], logits[0, -1]
 
 
-#: The gate :func:`learned_callbacks` sets (``min_confidence``). A drafted token costs ~0.11 of a
-#: plain step on SmolLM2 (a draft step ~0.08, its row in the target pass ~0.03). On prompts of the
-#: training kind the draft never saw (``python -m experiments.draft_eval --prompt-sets tuning
-#: --skip-speed``) the positions just above 0.2 were reached and accepted at 0.32 (greedy) and
-#: 0.10 (sampling), those just below at 0.13 and 0.05: one threshold for both modes near the cost.
-DEFAULT_MIN_CONFIDENCE = 0.2
+#: The gate :func:`learned_callbacks` sets (``min_confidence``) per mode, ``{"greedy": c, "sample": c}``.
+#: A drafted token costs ~0.11 of a plain step on SmolLM2 (a draft step ~0.08, its row in the target
+#: pass ~0.03), so a position pays when it is reached and accepted more often than that. Chosen on
+#: prompts of the training kind the draft never saw (``python -m experiments.draft_eval
+#: --prompt-sets tuning --skip-speed``: the gate statistic's calibration), never on the held-out sets:
+#: greedy positions with ``c_i`` in [0.05, 0.1) were reached and accepted at 0.08, in [0.1, 0.2) at
+#: 0.21; sampling ones (reached x overlap) in [0.2, 0.3) at 0.08, in [0.3, 0.5) at 0.16.
+DEFAULT_MIN_CONFIDENCE = {"greedy": 0.1, "sample": 0.3}
+
+
+def _default_gate(greedy: bool) -> float:
+    return DEFAULT_MIN_CONFIDENCE["greedy" if greedy else "sample"]
 
 
 def _check_gate(min_confidence) -> float:
@@ -713,7 +719,7 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                       generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
                       tree_top_k: int = 4, beam: int = 4, tree_children: str = "top_k",
-                      min_confidence: float = DEFAULT_MIN_CONFIDENCE):
+                      min_confidence: Optional[float] = None):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
     draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
     (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
@@ -724,10 +730,11 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
     (:class:`LearnedTreeDraft`'s ``children``: ``"top_k"``, deterministic, in which case
     ``generator`` is unused; ``"without_replacement"`` or ``"with_replacement"``, drawn with
     ``generator``, sampling only). ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
-    0: off; default :data:`DEFAULT_MIN_CONFIDENCE`)."""
+    0: off; None: :data:`DEFAULT_MIN_CONFIDENCE` of the mode)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
     head = head if head is not None else load(target_model)
+    min_confidence = _default_gate(greedy) if min_confidence is None else min_confidence
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if tree:

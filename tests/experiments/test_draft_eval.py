@@ -6,6 +6,8 @@ greedy ``generate``), the time split sums the parts over the runs, and the figur
 the cached files alone.
 """
 
+import math
+
 import pytest
 
 pytest.importorskip("matplotlib")
@@ -16,10 +18,10 @@ from experiments.end_to_end import draft_eval, real_model  # noqa: E402
 PROMPTS = ("a", "b")
 
 
-def _run(config, prompt, tokens_per_s, parts=(0.0, 0.0, 0.0, 0.0), same=""):
+def _run(config, prompt, tokens_per_s, parts=(0.0, 0.0, 0.0, 0.0), same="", drafted=float("nan")):
     seconds = 96 / tokens_per_s
     return dict(config=config, prompt=prompt, repeat=0, mode="sample" if "sample" in config else "greedy",
-                new_tokens=96, seconds=seconds, tokens_per_s=tokens_per_s, target_passes=48,
+                new_tokens=96, seconds=seconds, tokens_per_s=tokens_per_s, target_passes=48, drafted=drafted,
                 **{part: share * seconds for part, share in zip(draft_eval.ROUND_PARTS, parts)},
                 same_as_generate=same)
 
@@ -41,7 +43,8 @@ def run(tmp_path):
     for prompt in PROMPTS:
         rows += [_run("hf_greedy", prompt, 10.0, same=True), _run("hf_assisted_ee", prompt, 5.0, same=True),
                  _run("sv_greedy_hybrid_auto", prompt, 12.0 if prompt == "a" else 15.0, (0.1, 0.8, 0.01, 0.09), True),
-                 _run("hf_sample", prompt, 8.0), _run("sv_sample_learned_drawn_tree", prompt, 8.0, (0.4, 0.5, 0.02, 0.08))]
+                 _run("hf_sample", prompt, 8.0), _run("sv_sample_learned_drawn_tree", prompt, 8.0, (0.4, 0.5, 0.02, 0.08),
+                                                     drafted=120 if prompt == "a" else 168)]
     records = _records()
     summary = draft_eval.acceptance_summary(records, 2)
     speed = draft_eval.speed_summary(rows)
@@ -61,6 +64,18 @@ def test_speed_summary_ratios_against_plain_generate_of_the_same_mode(run):
     assert auto["min_ratio"] == pytest.approx(1.2) and auto["same"] == "2/2"
     assert auto["shares"] == "0.10/0.80/0.01/0.09" and by["hf_assisted_ee"]["shares"] == ""
     assert by["sv_sample_learned_drawn_tree"]["ratio"] == pytest.approx(1.0)
+    assert by["sv_sample_learned_drawn_tree"]["drafted_per_round"] == pytest.approx(288 / 96)  # nodes per pass
+    assert math.isnan(by["hf_assisted_ee"]["drafted_per_round"])
+
+
+def test_speed_summary_from_the_cached_csv_equals_the_run_s(run):
+    out_dir, _, speed, _ = run
+    again = draft_eval.speed_summary([draft_eval._numbers(r) for r in real_model.read(out_dir / "runs.csv")])
+    assert [s["config"] for s in again] == [s["config"] for s in speed]
+    for a, b in zip(again, speed):
+        for key, value in b.items():
+            assert a[key] == value or (isinstance(value, float) and (math.isnan(value) and math.isnan(a[key])
+                                                                      or a[key] == pytest.approx(value))), key
 
 
 def test_acceptance_summary_and_table(run, tmp_path):
@@ -69,7 +84,7 @@ def test_acceptance_summary_and_table(run, tmp_path):
     table = tmp_path / "table.md"
     draft_eval.write_table(summary, speed, meta, table, "python -m experiments.draft_eval")
     text = table.read_text()
-    assert "draft / target / verify / other" in text
+    assert "draft / target / verify / other" in text and "| 3.00 |" in text  # the drawn tree's nodes per pass
     for config in ("hf_assisted_ee", "sv_greedy_hybrid_auto", "sv_sample_learned_drawn_tree"):
         assert f"| {config} |" in text
 

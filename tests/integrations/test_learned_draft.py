@@ -507,7 +507,8 @@ def test_real_model_learned_configs_build_callbacks(tiny):
         d, t = rm.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), tree, p["node_budget"])
         learned = d.learned if hasattr(d, "learned") else d
         assert isinstance(learned, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
-        assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE)
+        mode = "greedy" if config.startswith("sv_greedy") else "sample"
+        assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE[mode])
         assert t.greedy == config.startswith("sv_greedy")
         if tree:
             assert learned.children == {"sv_sample_learned_drawn_tree": "without_replacement",
