@@ -293,9 +293,7 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
         from specverify.integrations.learned_draft import learned_callbacks
 
-        gate = 0.0 if "_ungated" in config else p.get("min_confidence")  # None: the mode's default
-        if isinstance(gate, dict):  # per mode
-            gate = gate["greedy" if greedy else "sample"]
+        gate = 0.0 if "_ungated" in config else p.get("min_confidence")  # per mode or None: learned_callbacks resolves it
         children = next((v for infix, v in TREE_CHILDREN.items() if infix in config), "top_k")
         return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
                                  tree=tree, node_budget=node_budget, tree_children=children, min_confidence=gate,

@@ -397,8 +397,11 @@ class _PairCache:
 DEFAULT_MIN_CONFIDENCE = {"greedy": 0.1, "sample": 0.3}
 
 
-def _default_gate(greedy: bool) -> float:
-    return DEFAULT_MIN_CONFIDENCE["greedy" if greedy else "sample"]
+def _mode_gate(min_confidence, greedy: bool):
+    """The gate of one mode from a number, a ``{"greedy": c, "sample": c}`` mapping, or None
+    (:data:`DEFAULT_MIN_CONFIDENCE`)."""
+    gates = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
+    return gates["greedy" if greedy else "sample"] if isinstance(gates, dict) else gates
 
 
 def _check_gate(min_confidence) -> float:
@@ -719,7 +722,7 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                       generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
                       tree_top_k: int = 4, beam: int = 4, tree_children: str = "top_k",
-                      min_confidence: Optional[float] = None):
+                      min_confidence=None):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
     draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
     (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
@@ -730,11 +733,11 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
     (:class:`LearnedTreeDraft`'s ``children``: ``"top_k"``, deterministic, in which case
     ``generator`` is unused; ``"without_replacement"`` or ``"with_replacement"``, drawn with
     ``generator``, sampling only). ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
-    0: off; None: :data:`DEFAULT_MIN_CONFIDENCE` of the mode)."""
+    0: off; a ``{"greedy": c, "sample": c}`` mapping: the mode's; None: :data:`DEFAULT_MIN_CONFIDENCE`'s)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
     head = head if head is not None else load(target_model)
-    min_confidence = _default_gate(greedy) if min_confidence is None else min_confidence
+    min_confidence = _mode_gate(min_confidence, greedy)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if tree:

@@ -509,6 +509,11 @@ def test_real_model_learned_configs_build_callbacks(tiny):
         assert isinstance(learned, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
         mode = "greedy" if config.startswith("sv_greedy") else "sample"
         assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE[mode])
+        given = dict(p, min_confidence={"greedy": 0.05, "sample": 0.4})  # per mode, as draft_eval passes it
+        d2, _ = rm.sv_callbacks(config, model, None, given, config.startswith("sv_greedy"), tree, p["node_budget"])
+        learned2 = d2.learned if hasattr(d2, "learned") else d2
+        assert learned2.min_confidence == (0.0 if "_ungated" in config else {"greedy": 0.05, "sample": 0.4}[mode])
+        d2.tap.remove()
         assert t.greedy == config.startswith("sv_greedy")
         if tree:
             assert learned.children == {"sv_sample_learned_drawn_tree": "without_replacement",
