@@ -686,15 +686,29 @@ class HybridDraft:
 
     ``lookup`` is a :class:`~specverify.integrations.transformers.PromptLookupDraft`; its proposal
     is taken when its match is of order at least ``min_ngram`` and not contradicted
-    (:meth:`~specverify.integrations.transformers.PromptLookupDraft.context`: the n-gram's latest earlier occurrence was followed by the
-    same token as the copied one), where copying is nearly always right; otherwise ``learned``
-    drafts. Both proposals verify exactly (a lookup proposal is a point mass). With a
-    :class:`LearnedTreeDraft` the lookup's chain is returned as a tree (a chain is the tree
-    ``parents = [-1, 0, ..., j - 2]``, deterministic children), so every round is a tree round.
-    Counters: ``lookup_rounds``, ``learned_rounds``.
+    (:meth:`~specverify.integrations.transformers.PromptLookupDraft.context`: the n-gram's latest
+    earlier occurrence was followed by the same token as the copied one); otherwise ``learned``
+    drafts. Why single tokens count (``min_ngram = 1``): a lookup proposal costs nothing to
+    draft, and on SmolLM2's greedy texts an uncontradicted one-token match was right 36 times in
+    104, above the learned draft's first-position rate (0.19 on the held-out prompts), while a
+    contradicted match was right 8 times in 114, below it. Both proposals verify exactly (a
+    lookup proposal is a point mass). With a :class:`LearnedTreeDraft` the lookup's chain is
+    returned as a tree (a chain is the tree ``parents = [-1, 0, ..., j - 2]``, deterministic
+    children), so every round is a tree round.
+
+    :meth:`context` tells a policy (:class:`~specverify.adaptive.AdaptiveK`) which of the two
+    drafts the round's proposal comes from: the lookup's match context, or :data:`LEARNED_CONTEXT`.
+    Without it a policy pools the two, and the learned draft's rejections price the lookup's
+    copies out as well (a hybrid under ``AdaptiveK`` drafted 0.42 tokens per pass where lookup
+    alone drafted 2.62). Counters: ``lookup_rounds``, ``learned_rounds``.
     """
 
-    def __init__(self, learned, lookup, min_ngram: int = 2):
+    #: :meth:`context` of a prefix the learned draft proposes from (lookup's contexts are >= 0).
+    LEARNED_CONTEXT = -1
+
+    def __init__(self, learned, lookup, min_ngram: int = 1):
+        if isinstance(min_ngram, bool) or int(min_ngram) != min_ngram or not 1 <= min_ngram <= lookup.max_ngram:
+            raise ValueError(f"min_ngram must be an integer in [1, {lookup.max_ngram}], got {min_ngram!r}")
         self.learned = learned
         self.lookup = lookup
         self.min_ngram = int(min_ngram)
@@ -703,9 +717,21 @@ class HybridDraft:
         self.lookup_rounds = 0
         self.learned_rounds = 0
 
-    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+    def _trusted(self, context: int) -> bool:
+        return self.min_ngram <= context <= self.lookup.max_ngram
+
+    def context(self, prefix: torch.Tensor) -> int:
+        """The lookup's context of ``prefix`` when its match is trusted, else :data:`LEARNED_CONTEXT`."""
         context = self.lookup.context(prefix)
-        if self.min_ngram <= context <= self.lookup.max_ngram:
+        return context if self._trusted(context) else self.LEARNED_CONTEXT
+
+    def first_token(self, prefix: torch.Tensor) -> Optional[int]:
+        """The lookup's first token when its match is trusted (for a policy's hindsight); None
+        when the learned draft would propose (its first token needs a draft forward)."""
+        return self.lookup.first_token(prefix) if self._trusted(self.lookup.context(prefix)) else None
+
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+        if self._trusted(self.lookup.context(prefix)):
             tokens, _ = self.lookup(prefix, k)
             if tokens.numel():
                 self.lookup_rounds += 1

@@ -120,7 +120,7 @@ def _tree_draft(cls=ld.LearnedTreeDraft, **shape):
     return lambda head, target, generator=None: cls(head, target, **shape)
 
 
-def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0, warp=WARP):
+def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.LearnedDraft, seed=0, warp=WARP, k=2):
     from specverify.integrations.transformers import CausalLMTarget
 
     sampling = Sampling(greedy=False, **warp)
@@ -128,7 +128,7 @@ def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.L
     draft = draft_cls(head, target, generator=torch.Generator().manual_seed(seed))
     if hybrid:
         draft = ld.HybridDraft(draft, PromptLookupDraft(max_ngram=2), min_ngram=1)
-    dec = sv.SpeculativeDecoder(draft, target, k=2, greedy=False, generator=torch.Generator().manual_seed(seed + 1),
+    dec = sv.SpeculativeDecoder(draft, target, k=k, greedy=False, generator=torch.Generator().manual_seed(seed + 1),
                                 method=method)
     counts = np.zeros(V**LENGTH, dtype=np.int64)
     rounds = 0
@@ -161,16 +161,43 @@ def test_tap_features_equal_an_uncached_forward(tiny):
     tap.remove()
 
 
-@pytest.mark.parametrize("method,hybrid", [("token", False), ("block", True)])
-def test_learned_draft_preserves_the_joint_law(tiny, method, hybrid):
+@pytest.mark.parametrize("method,hybrid,auto", [("token", False, False), ("block", True, False), ("token", True, True)])
+def test_learned_draft_preserves_the_joint_law(tiny, method, hybrid, auto):
+    """auto: AdaptiveK chooses each round's K from the hybrid's context (which draft proposes)."""
+    from specverify.adaptive import AdaptiveK
+
     model, head = tiny
-    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, method, hybrid=hybrid)
+    k = AdaptiveK(k_max=2, k_min=0) if auto else 2
+    counts, rounds, law, draft = _continuation_counts(model, head, RUNS, method, hybrid=hybrid, k=k)
     assert (law[counts > 0] > 0).all()
     res = st.chisquare_counts(counts, law)
     assert res.dof >= 5 and rounds > 1.2, (res, rounds)
     assert res.pvalue > ALPHA, res
     if hybrid:
         assert draft.lookup_rounds > 0 and draft.learned_rounds > 0
+
+
+def test_hybrid_context_names_the_draft_that_proposes(tiny):
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target = CausalLMTarget(model, Sampling())
+    lookup = PromptLookupDraft(max_ngram=2)
+    hybrid = ld.HybridDraft(ld.LearnedDraft(head, target), lookup)
+    # ... 1 2 | 1: an uncontradicted single-token match (1 was followed by 2) -> lookup copies 2
+    seq = torch.tensor([3, 1, 2, 0, 1])
+    assert hybrid.context(seq) == lookup.context(seq) == 1 and hybrid.first_token(seq) == 2
+    assert hybrid(seq, 2)[0].tolist() == lookup(seq, 2)[0].tolist() and hybrid.lookup_rounds == 1
+    # 1 2 .. 1 0 .. 1: contradicted (the latest 1 was followed by 0, the earliest by 2) -> learned
+    seq = torch.tensor([1, 2, 3, 1, 0, 1])
+    assert lookup.context(seq) == 1 + lookup.max_ngram
+    assert hybrid.context(seq) == ld.HybridDraft.LEARNED_CONTEXT and hybrid.first_token(seq) is None
+    hybrid(seq, 2)
+    assert hybrid.learned_rounds == 1
+    assert ld.HybridDraft(hybrid.learned, lookup, min_ngram=2).context(torch.tensor([3, 1, 2, 0, 1])) == -1
+    for bad in (0, 3, 1.5, True):
+        with pytest.raises(ValueError, match="min_ngram"):
+            ld.HybridDraft(hybrid.learned, lookup, min_ngram=bad)
 
 
 def test_the_law_test_rejects_a_draft_reporting_the_wrong_row(tiny):
