@@ -60,6 +60,51 @@ def tuning_prompts(n: int = 10, seed: int = 0):
     return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
+def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: int = 3, seed: int = 0):
+    """The draft's teacher-forced top-1 on the target's own greedy answers to ``prompts`` (a list
+    of strings), at answer positions only, and the token ablation that shows whether it reads its
+    token.
+
+    The target answers (:func:`~experiments.end_to_end.train_draft.generate_shard`, its hidden
+    states kept); then, as in training (:func:`~experiments.end_to_end.train_draft.draft_losses`),
+    ``top1[s]`` is the share of answer positions where draft step ``s + 1`` (fed its own features
+    from the steps before, the true tokens) has the target's argmax as its own. The ablation
+    feeds each first-step pair ``(h_t, x_{t+1})`` once more with ``x_{t+1}`` replaced by a token
+    drawn uniformly from the draft's vocabulary (``seed``), the pair alone (the true pairs before
+    it as context): ``random_top1``. Returns a dict with ``top1 [steps]``, ``random_top1``,
+    ``positions``, ``vocab_coverage`` (the share of the answers' tokens the draft can propose) and ``only_true`` / ``only_random`` (positions right with one token and not the
+    other: a token the draft ignores makes them equally likely).
+    """
+    import torch
+
+    from . import train_draft
+
+    rows = train_draft.generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
+    header = tokenizer(train_draft.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
+    seqs = [(t, h, train_draft.answer_start(t, header)) for t, h in rows]
+    tokens, hidden, learn = train_draft._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
+    with torch.no_grad():
+        _, stats = train_draft.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
+        n0 = hidden.shape[1] - 1
+        feats = hidden[:, :-1]
+        _, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
+        generator = torch.Generator().manual_seed(seed)
+        swapped = head.vocab_ids[torch.randint(head.vocab_ids.numel(), tokens[:, 1 : n0 + 1].shape, generator=generator)]
+        mask = torch.zeros(n0, 2 * n0, dtype=torch.bool)  # row j: the true pairs before j, and itself
+        mask[:, :n0] = torch.ones(n0, n0, dtype=torch.bool).tril(-1)
+        mask[torch.arange(n0), n0 + torch.arange(n0)] = True
+        _, z_random, _ = head(feats, swapped, torch.arange(n0), past=past, mask=mask)
+        best = torch.nn.functional.linear(head.final_norm(hidden[:, 1:]), head.head).argmax(-1)  # [B, n0]
+    weight = learn[:, 1:]
+    right, right_random = (z.argmax(-1) == best) & weight, (z_random.argmax(-1) == best) & weight
+    n = int(weight.sum())
+    answers = torch.cat([t[start:] for t, _, start in seqs]).long()
+    inside = float(torch.isin(answers, head.vocab_ids).float().mean())  # the ceiling on any draft position's top-1
+    return {"top1": [stats[f"top{s + 1}"] for s in range(steps)], "random_top1": float(right_random.sum()) / max(1, n),
+            "vocab_coverage": inside,
+            "positions": n, "only_true": int((right & ~right_random).sum()), "only_random": int((right_random & ~right).sum())}
+
+
 class _Recorder:
     """Callbacks that pass through and keep each round's ``(tokens [m], draft rows [m, V] or None,
     target rows [m + 1, V])``."""
@@ -221,6 +266,18 @@ def write_table(summary, speed, meta, out_path, command):
                      f" | {s['predicted']:.2f} | {s['measured']:.2f} |")
     lines += ["", "Greedy: the rate at which draft token i equals the target's argmax; sampling: the overlap "
               "sum(min(p, q)) of the warped rows (temperature 0.7, top-p 0.9).", ""]
+    forced = summary.get("teacher_forced")
+    if forced:
+        steps = len(forced["top1"])
+        lines += ["## Teacher-forced top-1, and whether the draft reads its token", "",
+                  f"On the target's own greedy answers to the same prompts ({forced['positions']} answer positions): "
+                  "draft step i fed the true tokens and its own features from the steps before "
+                  "(`draft_eval.teacher_forced`), and the first step once more with its token replaced by a random "
+                  "one from its vocabulary. A draft that ignores its token scores alike with both.", "",
+                  "| | " + " | ".join(f"step {i + 1}" for i in range(steps)) + " | step 1, random token | right only with the true / only with the random token |",
+                  "|---|" + "--:|" * (steps + 2),
+                  "| top-1 | " + " | ".join(f"{x:.3f}" for x in forced["top1"])
+                  + f" | {forced['random_top1']:.3f} | {forced['only_true']} / {forced['only_random']} |", ""]
     if all("gate" in summary.get(mode, {}) for mode in ("greedy", "sample")):
         lines += ["## The gate's statistic against what it estimates", "",
                   "c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i of the ungated draft at every drafted position (all "
@@ -276,7 +333,8 @@ def plot(out_dir, out_path=None):
                              gridspec_kw=dict(width_ratios=[1, 1, 1.6] if has_speed else [1, 1]))
     colors = {"greedy": "#2b7bba", "sample": "#f0a030"}
     ax = axes[0]
-    for j, (mode, s) in enumerate(summary.items()):
+    modes = {mode: s for mode, s in summary.items() if mode in colors}  # not "teacher_forced"
+    for j, (mode, s) in enumerate(modes.items()):
         xs = [i + 1 + (j - 0.5) * 0.38 for i in range(k)]
         ax.bar(xs, s["rates"], width=0.38, color=colors[mode],
                label=f"{mode}: law {s['predicted']:.2f}, measured {s['measured']:.2f} tokens/pass")
@@ -287,7 +345,7 @@ def plot(out_dir, out_path=None):
     ax.set_title("acceptance of the learned draft (ungated)")
     ax.legend(fontsize=8, loc="upper right")
     ax = axes[1]
-    for mode, s in summary.items():
+    for mode, s in modes.items():
         bins = [(lo, hi, n, r) for lo, hi, n, r in s["gate"] if n]
         ax.plot([(lo + hi) / 2 for lo, hi, _, _ in bins], [r for *_, r in bins], "o-", color=colors[mode], label=mode)
     ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls="--", label="calibrated")
@@ -448,6 +506,8 @@ def main(argv=None):
             summary = acceptance_summary(records, args.k)
             if "vocab_coverage" in meta["summary"]["greedy"]:
                 summary["greedy"]["vocab_coverage"] = meta["summary"]["greedy"]["vocab_coverage"]
+            if "teacher_forced" in meta["summary"]:
+                summary["teacher_forced"] = meta["summary"]["teacher_forced"]
         speed = meta["speed"]
         if (out_dir / "runs.csv").is_file():  # recomputed: the table's columns may be newer than the run
             speed = speed_summary([_numbers(r) for r in real_model.read(out_dir / "runs.csv")])
@@ -464,6 +524,8 @@ def main(argv=None):
     _write_csv(out_dir / "acceptance.csv", records)
     summary = acceptance_summary(records, args.k)
     summary["greedy"]["vocab_coverage"] = coverage
+    summary["teacher_forced"] = teacher_forced(model, tokenizer, head, list(prompts.values()), args.max_new, args.k,
+                                               args.seed)
     print(json.dumps(summary, indent=1))
     speed = []
     if not args.skip_speed:

@@ -30,18 +30,25 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages:
 3. **Training**: pair ``t`` is ``(h_t, x_{t+1})``; the draft's output ``f_t`` is pulled towards
    ``h_{t+1}`` (smooth L1 on RMS-normalized features) and its distribution over the reduced
    vocabulary towards the target's at ``t + 1`` restricted to it (cross-entropy on soft labels), as
-   in EAGLE; a second, unrolled step feeds the draft its own ``f_t`` in place of ``h_{t+1}`` with
-   an attention mask that shows it the true pairs before it (what drafting the second token
-   sees; HASS / EAGLE-3's training-time test), so later draft positions are trained too. The
-   reduced vocabulary is the ``--vocab`` most frequent tokens of the data (chat-template tokens
+   in EAGLE, at answer positions only (the prompt and chat template are context: the draft is
+   used on answers, and ~30 template tokens a sequence would otherwise take a large share of the
+   loss). ``--ttt-steps`` draft steps are unrolled (EAGLE-3's training-time test): step ``s`` feeds
+   the draft its own output of step ``s - 1`` with an attention mask that shows it the true pairs
+   before it and its own earlier pairs on the same chain -- what drafting token ``s + 1`` sees --
+   weighted ``0.8 ** s``. The reduced vocabulary is the ``--vocab`` most frequent tokens of the
+   target's answers (the documents', if any, break ties and fill the rest; chat-template tokens
    always included).
 
 Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the parameters of how
 a shard is made, not how many there are; the run's key all parameters; an interrupted run resumes
-at the next missing shard or epoch); the trained draft is written to ``--out``
-(default: the shipped file :data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`), with
-the parameters, data sources and token counts and the losses in its metadata. ``--tiny`` is the
-CI-sized run (a handful of prompts, a few steps, a small vocabulary).
+at the next missing shard or from its last checkpoint, every 50 steps); the trained draft is
+written to the run's folder (``draft.safetensors``) or to ``--out``, with the parameters, data
+sources and token counts and the losses in its metadata. Nothing is written over the shipped
+draft (:data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`) unless ``--out`` names
+it; the defaults are the shipped draft's parameters, so
+``python -m experiments.train_draft --out specverify/integrations/data/smollm2_draft.safetensors``
+reproduces it. ``--tiny`` is the CI-sized run (a handful of prompts, a few steps, a small
+vocabulary; it says which options it overrides and refuses to write over the shipped draft).
 """
 
 from __future__ import annotations
@@ -479,19 +486,40 @@ def load_sequences(shards):
     return rows
 
 
+#: What the chat template puts before an assistant turn: the answer starts after its last occurrence.
+ASSISTANT_HEADER = "<|im_start|>assistant\n"
+#: The draft file's format (in its metadata): 2 normalizes the head's two inputs (FeatureHead's n_h, n_e).
+FORMAT = 2
+
+
+def answer_start(tokens, header) -> int:
+    """Index of the first answer token of ``tokens`` ``[n]``: right after the last ``header`` (a
+    list of ids); 0 when there is none (the whole sequence is then trained on)."""
+    seq, m = tokens.tolist(), len(header)
+    for i in range(len(seq) - m, -1, -1):
+        if seq[i : i + m] == header:
+            return i + m
+    return 0
+
+
 def reduced_vocabulary(answers, documents, size: int, always):
     """The ``size`` token ids the draft's head keeps, sorted, and the share of the answers' tokens
     they cover: the most frequent of the target's own answers (what the draft proposes at
     inference), ties and the rest by their frequency in the documents, ``always`` included.
-    ``answers``, ``documents``: lists of ``(tokens, hidden)`` rows."""
+    ``answers``, ``documents``: lists of ``(tokens, hidden)`` rows, or ``(tokens, hidden,
+    answer_start)``: then only the answer's tokens ``tokens[answer_start:]`` count (the prompts'
+    are context the draft never proposes)."""
     import torch
 
-    n_ids = max([int(t.max()) for t, _ in answers + documents] + list(always)) + 1
+    def answer(row):
+        return row[0][row[2]:] if len(row) > 2 else row[0]
+
+    n_ids = max([int(row[0].max()) for row in answers + documents] + list(always)) + 1
 
     def counts(rows):
         total = torch.zeros(n_ids, dtype=torch.int64)
-        for tokens, _ in rows:
-            total += torch.bincount(tokens.long(), minlength=n_ids)
+        for row in rows:
+            total += torch.bincount(answer(row).long(), minlength=n_ids)
         return total
 
     in_answers, in_documents = counts(answers), counts(documents)
@@ -510,69 +538,86 @@ def _batches(rows, batch: int, rng: random.Random):
 
 
 def _pad(seqs, max_len: int):
-    """tokens [B, T] int64, hidden [B, T, d] float32 (hidden[b, t] = h_t), valid [B, T] (t < n - 1)."""
+    """``tokens [B, T + 1]`` int64, ``hidden [B, T, d]`` float32 (``hidden[b, t] = h_t``) and
+    ``learn [B, T]`` bool: True where position ``t``'s distribution (that of ``x_{t+1}``) is a
+    training label, that is where ``h_t`` exists and ``x_{t+1}`` is an answer token (``seqs``:
+    ``(tokens [n], hidden [n - 1, d], answer_start)`` rows; the prompt stays context only)."""
     import torch
 
-    n = min(max_len, max(h.shape[0] for _, h in seqs))
+    n = min(max_len, max(h.shape[0] for _, h, _ in seqs))
     d = seqs[0][1].shape[1]
     tokens = torch.zeros(len(seqs), n + 1, dtype=torch.int64)
     hidden = torch.zeros(len(seqs), n, d)
-    valid = torch.zeros(len(seqs), n, dtype=torch.bool)
-    for b, (t, h) in enumerate(seqs):
+    learn = torch.zeros(len(seqs), n, dtype=torch.bool)
+    for b, (t, h, start) in enumerate(seqs):
         m = min(n, h.shape[0])
         tokens[b, : m + 1] = t[: m + 1].long()
         hidden[b, :m] = h[:m].float()
-        valid[b, :m] = True
-    return tokens, hidden, valid
+        learn[b, max(0, start - 1) : m] = True
+    return tokens, hidden, learn
 
 
-def draft_losses(head, tokens, hidden, valid, noise: float, generator=None):
-    """EAGLE losses of one batch, first draft step and the unrolled second.
+def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, decay: float = 0.8, generator=None):
+    """EAGLE losses of one batch over ``steps`` unrolled draft steps (training-time test).
 
-    ``tokens [B, T + 1]``, ``hidden [B, T, d]`` (``h_t``), ``valid [B, T]``. Pair ``t`` =
-    ``(h_t, x_{t+1})`` predicts ``h_{t+1}`` and the target's distribution at ``t + 1``; in the
-    unrolled step pair ``t + 1`` reads the draft's own ``f_t``. Returns ``(loss, stats dict)``.
+    ``tokens [B, T + 1]``, ``hidden [B, T, d]`` (``h_t``), ``learn [B, T]`` (:func:`_pad`). Step 0
+    feeds the true pairs ``(h_j, x_{j+1})`` at positions ``j``; step ``s`` feeds pair ``j + s`` =
+    ``(f, x_{j+s+1})``, ``f`` the draft's own output of step ``s - 1`` at row ``j``, at position
+    ``j + s``, attending to the true pairs ``0 .. j``, its own pairs of steps ``1 .. s - 1`` at row
+    ``j`` and itself: exactly what drafting token ``s + 1`` after the prefix ``x_0 .. x_{j+1}``
+    sees. Its output is pulled towards ``h_{j+s+1}`` (smooth L1 on normalized features, weight 10)
+    and its distribution over the reduced vocabulary towards the target's at ``j + s + 1``
+    (cross-entropy on soft labels) wherever ``learn`` marks that position; step ``s`` weighs
+    ``decay ** s``. Returns ``(loss, stats)`` (``top1_s``: the draft's argmax equals the
+    target's, step ``s``; ``overlap1``: ``sum min(p, q)`` at step 0, the acceptance rate).
     """
     import torch
     import torch.nn.functional as F
 
     B, T, d = hidden.shape
-    if T < 3:
-        raise ValueError("sequences need at least 4 tokens")
+    if T < steps + 2:
+        raise ValueError(f"sequences need at least {steps + 3} tokens")
     feats = hidden[:, :-1]  # h_0 .. h_{T-2}
     if noise:
         feats = feats + noise * (torch.rand(feats.shape, generator=generator) - 0.5) * feats.abs().mean()
-    positions = torch.arange(T - 1)
-    f1, z1, (k1, v1) = head(feats, tokens[:, 1:T], positions)  # pairs 0 .. T-2
     with torch.no_grad():
-        labels = torch.softmax(F.linear(head.final_norm(hidden[:, 1:]), head.head), dim=-1)  # [B, T-1, V_r]
-    mask1 = valid[:, 1:]  # h_{t+1} exists
-    ce1 = -(labels * F.log_softmax(z1, -1)).sum(-1)
-    reg1 = F.smooth_l1_loss(head.final_norm(f1), head.final_norm(hidden[:, 1:]), reduction="none").mean(-1)
-    # unrolled step: pair j + 1 = (f_j, x_{j+2}) at position j + 1, attending true pairs 0 .. j and itself
-    n2 = T - 2
-    mask = torch.zeros(n2, (T - 1) + n2, dtype=torch.bool)
-    mask[:, : T - 1] = torch.ones(n2, T - 1, dtype=torch.bool).tril()
-    mask[torch.arange(n2), (T - 1) + torch.arange(n2)] = True
-    f2, z2, _ = head(f1[:, :-1], tokens[:, 2:T], positions[1:], past=(k1, v1), mask=mask)
-    mask2 = valid[:, 2:]
-    ce2 = -(labels[:, 1:] * F.log_softmax(z2, -1)).sum(-1)
-    reg2 = F.smooth_l1_loss(head.final_norm(f2), head.final_norm(hidden[:, 2:]), reduction="none").mean(-1)
-    w1, w2 = mask1.float(), mask2.float()
-    n1, n2c = w1.sum().clamp(min=1), w2.sum().clamp(min=1)
-    loss = ((ce1 + 10 * reg1) * w1).sum() / n1 + ((ce2 + 10 * reg2) * w2).sum() / n2c
-    with torch.no_grad():
-        top1 = ((z1.argmax(-1) == labels.argmax(-1)).float() * w1).sum() / n1
-        top2 = ((z2.argmax(-1) == labels[:, 1:].argmax(-1)).float() * w2).sum() / n2c
-        overlap1 = ((torch.minimum(torch.softmax(z1, -1), labels).sum(-1)) * w1).sum() / n1
-    return loss, {"ce1": float((ce1 * w1).sum() / n1), "ce2": float((ce2 * w2).sum() / n2c),
-                  "top1": float(top1), "top2": float(top2), "overlap1": float(overlap1), "tokens": int(n1)}
+        labels = torch.softmax(F.linear(head.final_norm(hidden[:, 1:]), head.head), dim=-1)  # [B, T-1, V_r]: position t+1
+        targets = head.final_norm(hidden[:, 1:])  # [B, T-1, d]
+    n0 = T - 1  # rows of step 0 (true pairs 0 .. T-2)
+    loss, stats, past, f = 0.0, {}, None, None
+    for s in range(steps):
+        rows = n0 - s  # step s has rows j = 0 .. T-2-s
+        if s == 0:
+            f, z, past = head(feats, tokens[:, 1:T], torch.arange(n0))
+        else:
+            held = past[0].shape[2]  # the true pairs, then rows' keys of steps 1 .. s-1
+            mask = torch.zeros(rows, held + rows, dtype=torch.bool)
+            mask[:, :n0] = torch.ones(rows, n0, dtype=torch.bool).tril()  # true pairs 0 .. j
+            j = torch.arange(rows)
+            for earlier in range(1, s + 1):  # own pairs of steps 1 .. s-1 (row j), and itself
+                offset = n0 + sum(n0 - e for e in range(1, earlier))
+                mask[j, offset + j] = True
+            f, z, past = head(f[:, :rows], tokens[:, s + 1 : s + 1 + rows], torch.arange(s, s + rows), past=past, mask=mask)
+        weight = learn[:, s + 1 : s + 1 + rows].float()  # label position j + s + 1
+        count = weight.sum().clamp(min=1)
+        ce = -(labels[:, s : s + rows] * F.log_softmax(z, -1)).sum(-1)
+        reg = F.smooth_l1_loss(head.final_norm(f), targets[:, s : s + rows], reduction="none").mean(-1)
+        loss = loss + decay**s * ((ce + 10 * reg) * weight).sum() / count
+        with torch.no_grad():
+            stats[f"ce{s + 1}"] = float((ce * weight).sum() / count)
+            stats[f"top{s + 1}"] = float(((z.argmax(-1) == labels[:, s : s + rows].argmax(-1)).float() * weight).sum() / count)
+            if s == 0:
+                stats["overlap1"] = float((torch.minimum(torch.softmax(z, -1), labels).sum(-1) * weight).sum() / count)
+                stats["tokens"] = int(weight.sum())
+    return loss, stats
 
 
 def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: float, seed: int,
-          ckpt_dir: Path, max_steps: int = 0, checkpoint_every: int = 50, log=print):
+          ckpt_dir: Path, max_steps: int = 0, checkpoint_every: int = 50, ttt_steps: int = 3, log=print):
     """AdamW with warmup and cosine decay; a checkpoint every ``checkpoint_every`` steps and at the
-    end of each epoch (resumable mid-epoch: the epoch's batch order is a function of the seed).
+    end of each epoch (resumable mid-epoch: the epoch's batch order is a function of the seed; a
+    finished run resumed trains nothing more). A non-finite loss stops the run with a
+    FloatingPointError before the step is taken (the last checkpoint stays as it was).
     Returns the loss log."""
     import torch
     from tqdm import tqdm
@@ -601,6 +646,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
         log(f"resumed after step {step}")
     gen = torch.Generator().manual_seed(seed + step)
     for epoch in range(step // steps_per_epoch, epochs):
+        if max_steps and step >= max_steps:
+            break
         done = step - epoch * steps_per_epoch  # batches of this epoch already trained on
         rng = random.Random(seed + epoch)
         batches = _batches(rows, batch, rng)
@@ -609,7 +656,10 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
         bar = tqdm(batches, total=steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{epochs}")
         sums, count = {}, 0
         for seqs in bar:
-            loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, generator=gen)
+            loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, steps=ttt_steps, generator=gen)
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(f"the loss is {float(loss)} at step {step + 1}: stopping (nothing written; "
+                                         "lower --lr or --noise)")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -619,7 +669,7 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
             count += 1
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
-            bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{stats['top1']:.2f}", top2=f"{stats['top2']:.2f}")
+            bar.set_postfix(loss=f"{float(loss):.3f}", top1=f"{stats['top1']:.2f}")
             history.append({"step": step, "loss": float(loss), **stats})
             if max_steps and step >= max_steps:
                 break
@@ -634,48 +684,80 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
 
 
 # -- the command ---------------------------------------------------------------------------------
-def parse_args(argv=None):
-    def positive(text):
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-        return value
+#: What ``--tiny`` (the CI run) sets, whatever the command line says (it tells which options it overrides).
+TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, documents=4, doc_batch=4, doc_len=48,
+            data_workers=1, epochs=3, max_steps=6, batch=2, max_len=64)
 
+
+def _number(kind, low=None, high=None, low_open=False, high_open=False):
+    """An argparse type: ``kind`` (int or float), finite, within the bounds (a message names them)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        ok = math.isfinite(value)
+        ok = ok and (low is None or (value > low if low_open else value >= low))
+        ok = ok and (high is None or (value < high if high_open else value <= high))
+        if not ok:
+            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
+            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
+            what = "an integer" if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {what} {' and '.join(x for x in (lo, hi) if x)}, got {text}")
+        return value
+    return parse
+
+
+def parse_args(argv=None):
+    positive, count = _number(int, 1), _number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=positive, default=640, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
+    parser.add_argument("--prompts", type=count, default=2560, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
-    parser.add_argument("--documents", type=int, default=2048,
+    parser.add_argument("--documents", type=count, default=0,
                         help=f"teacher-forced document chats (chunks of {DOC_CHUNK}; 0: none)")
     parser.add_argument("--doc-batch", type=positive, default=16, help="document chats per forward")
     parser.add_argument("--doc-len", type=positive, default=384, help="tokens per document chat at most")
     parser.add_argument("--data-workers", type=positive, default=2, help="processes making data shards (one thread each)")
     parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
-    parser.add_argument("--vocab", type=positive, default=8192, help="rows of the draft's reduced LM head")
-    parser.add_argument("--epochs", type=positive, default=1, help="passes over the data (one: the data grows by chunks instead)")
+    parser.add_argument("--vocab", type=positive, default=12288, help="rows of the draft's reduced LM head")
+    parser.add_argument("--epochs", type=positive, default=2, help="passes over the data")
+    parser.add_argument("--ttt-steps", type=_number(int, 1, 8), default=3,
+                        help="draft steps unrolled in training (each later step weighs 0.8 times the one before)")
     parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")
-    parser.add_argument("--max-len", type=positive, default=384, help="positions per sequence in training")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--noise", type=float, default=0.1, help="uniform feature noise, times the mean |h|")
-    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-len", type=_number(int, 8), default=384, help="positions per sequence in training")
+    parser.add_argument("--lr", type=_number(float, 0, 1, low_open=True, high_open=True), default=1e-3)
+    parser.add_argument("--noise", type=_number(float, 0), default=0.1, help="uniform feature noise, times the mean |h|")
+    parser.add_argument("--max-steps", type=count, default=0, help="stop after this many steps (0: all epochs)")
+    parser.add_argument("--seed", type=count, default=0)
     parser.add_argument("--threads", type=positive, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="where the draft goes (default: the shipped file)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the draft goes (default: draft.safetensors in the run's results folder; the "
+                             "shipped file is replaced only when named here)")
     parser.add_argument("--results", type=Path, default=None, help="results root (default results/)")
     parser.add_argument("--max-files", type=positive, default=6000, help="text files read for the prompts")
-    parser.add_argument("--tiny", action="store_true", help="the CI run: 4 prompts, 12 new tokens, 6 steps, vocab 512")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the CI run: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in TINY.items()))
     args = parser.parse_args(argv)
     if args.tiny:
-        args.prompts, args.gen_batch, args.max_new, args.vocab, args.max_files = 4, 4, 12, 512, 300
-        args.documents, args.doc_batch, args.doc_len, args.data_workers = 4, 4, 48, 1
-        args.epochs, args.max_steps, args.batch, args.max_len = 3, 6, 2, 64
-    if not 0 < args.lr < 1:
-        parser.error(f"--lr must be in (0, 1), got {args.lr}")
-    if args.noise < 0:
-        parser.error(f"--noise must be >= 0, got {args.noise}")
-    if args.documents < 0:
-        parser.error(f"--documents must be >= 0, got {args.documents}")
+        given = sorted(k for k, v in TINY.items() if getattr(args, k) != parser.get_default(k))
+        if given:
+            print("--tiny sets " + ", ".join(f"--{k.replace('_', '-')} {TINY[k]} (not {getattr(args, k)})" for k in given))
+        for k, v in TINY.items():
+            setattr(args, k, v)
+    if args.out is not None and args.out.exists() and not args.out.is_file():
+        parser.error(f"--out {args.out} is not a file")
+    if args.prompts + args.documents == 0:
+        parser.error("--prompts and --documents are both 0: there is nothing to train on")
+    if args.tiny and args.out is not None and _is_shipped(args.out):
+        parser.error(f"--tiny writes a toy draft: not over the shipped {args.out}")
     return args
+
+
+def _is_shipped(path: Path) -> bool:
+    from specverify.integrations.learned_draft import DEFAULT_WEIGHTS
+
+    return path.resolve() == DEFAULT_WEIGHTS.resolve()
 
 
 def main(argv=None):
@@ -694,7 +776,9 @@ def main(argv=None):
     data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "documents", "doc_batch", "doc_len", "seed")}
     if args.max_files != 6000:
         data_params["max_files"] = args.max_files
-    train_params = {**data_params, **{k: getattr(args, k) for k in ("vocab", "epochs", "batch", "max_len", "lr", "noise", "max_steps")}}
+    train_params = {**data_params, **{k: getattr(args, k) for k in ("vocab", "epochs", "batch", "max_len", "lr", "noise",
+                                                                      "max_steps", "ttt_steps")},
+                    "format": FORMAT}
     run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
     print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}")
     collect_data(args)
@@ -704,16 +788,19 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     model, tokenizer = smollm2.load(log=print)
     model.requires_grad_(False)
+    header = tokenizer(ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
     sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "documents": []}
     for kind, c, _, path in shard_plan(args):
         name = f"{kind}_c{c:03d}"
         if name not in sources:
             sources[name] = json.loads((path.parent / f"{name}.json").read_text())["sources"]
-        shard_rows = [r for r in load_sequences([path]) if r[1].shape[0] >= 4]
-        tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _ in shard_rows)
+        shard_rows = [(t, h, answer_start(t, header)) for t, h in load_sequences([path]) if h.shape[0] >= args.ttt_steps + 2]
+        tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _, _ in shard_rows)
+        tokens_by_kind[f"{kind}_trained"] = tokens_by_kind.get(f"{kind}_trained", 0) + sum(
+            max(0, min(int(t.numel()), args.max_len + 1) - start) for t, _, start in shard_rows)
         rows_by_kind[kind] += shard_rows
     rows = rows_by_kind["answers"] + rows_by_kind["documents"]
-    n_tokens = sum(tokens_by_kind.values())
+    n_tokens = tokens_by_kind.get("answers", 0) + tokens_by_kind.get("documents", 0)
     always = sorted(set(tokenizer.all_special_ids))
     vocab_ids, coverage = reduced_vocabulary(rows_by_kind["answers"], rows_by_kind["documents"], args.vocab, always)
     print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} "
@@ -723,13 +810,16 @@ def main(argv=None):
     head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
     head.init_from_layer(model.model.layers[-1])
     history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
-                    max_steps=args.max_steps)
-    out = args.out if args.out is not None else learned_draft.DEFAULT_WEIGHTS
+                    max_steps=args.max_steps, ttt_steps=args.ttt_steps)
+    if not history:
+        raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
+    out = args.out if args.out is not None else run_dir / "draft.safetensors"
     last = history[-max(1, len(history) // 10):]
+    final_keys = [k for k in history[-1] if k not in ("step", "tokens")]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
             "tokens_by_kind": tokens_by_kind,
             "vocab_coverage_answers": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
-            "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in ("loss", "ce1", "ce2", "top1", "top2", "overlap1")},
+            "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
             "run": paths.run_metadata()}
     learned_draft.save(head, out, meta=meta)

@@ -4,13 +4,19 @@ The draft (Li et al. 2024, "EAGLE"; reduced vocabulary as in FR-Spec, Zhao et al
 
     pair t      (h_t, x_{t+1})            h_t [d] the target's last-layer state at position t
                                           (the input of its final norm), x_{t+1} the next token
-    input       a_t = fc([h_t ; E[x_{t+1}]])                  fc: [2d] -> [d], E the target's embeddings
+    input       a_t = fc([n_h(h_t) ; n_e(E[x_{t+1}])])        fc: [2d] -> [d], E the target's embeddings,
+                                                              n_h, n_e two RMSNorms of the draft's own
     layer       f_t = DecoderLayer(a_0 .. a_t)                one Llama layer (SmolLM2's shape), own KV cache
     output      z_t = W_r norm(f_t)                            [V_r] logits over the reduced vocabulary
     law         q_t(v) = softmax(z_t)[v] for v in vocab_ids, 0 elsewhere   (a law over all V tokens)
 
 ``f_t`` stands in for ``h_{t+1}`` (trained to be close to it) and ``q_t`` for the target's
-distribution of ``x_{t+2}``. ``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head
+distribution of ``x_{t+2}``. Why the two norms (as EAGLE-3's): ``h_t`` has an RMS of ~30 with
+channels up to ~4400 while ``E[x]`` has ~0.11, so without them the token reaches the layer as ~3 %
+of its input and the head learns to ignore it (a Medusa head two tokens ahead: a random token in
+place of the true one left its top-1 nearly unchanged); and a fed-back ``f`` is free in scale (the
+feature loss compares normalized features), so later draft steps would see ever larger inputs.
+Normalized, both halves enter at unit RMS at every step. ``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head
 rows for the ``V_r`` most frequent tokens of the training text (``vocab_ids``): both are taken from
 the target when the draft is built, so the shipped file holds only ``fc``, the layer and
 ``vocab_ids``. A drafted token outside the reduced vocabulary has draft probability 0: the draft's
@@ -46,7 +52,7 @@ from torch import nn
 from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
 from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "check_weights", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
 
@@ -89,6 +95,8 @@ class FeatureHead(nn.Module):
         self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim),
                              persistent=False)
         self.register_buffer("vocab_ids", torch.as_tensor(vocab_ids, dtype=torch.int64).clone())
+        self.feature_norm = nn.Parameter(torch.ones(d))  # n_h
+        self.embed_norm = nn.Parameter(torch.ones(d))  # n_e
         self.fc = nn.Linear(2 * d, d, bias=True)
         self.input_norm = nn.Parameter(torch.ones(d))
         self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
@@ -110,7 +118,7 @@ class FeatureHead(nn.Module):
         return self
 
     def init_from_layer(self, layer) -> None:
-        """Start from a target decoder layer's weights (``fc`` as ``h + E[x]``)."""
+        """Start from a target decoder layer's weights (``fc`` as ``n_h(h) + n_e(E[x])``)."""
         with torch.no_grad():
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 getattr(self, name).weight.copy_(getattr(layer.self_attn, name).weight)
@@ -146,7 +154,8 @@ class FeatureHead(nn.Module):
             ``(f [B, T, d], logits [B, T, V_r], (keys, values) [B, kv_heads, S + T, hd])``.
         """
         batch, t_new, _ = features.shape
-        a = self.fc(torch.cat([features, self.embed[tokens]], dim=-1))  # [B, T, d]
+        a = self.fc(torch.cat([_rms_norm(features, self.feature_norm, self.eps),
+                               _rms_norm(self.embed[tokens], self.embed_norm, self.eps)], dim=-1))  # [B, T, d]
         x = _rms_norm(a, self.input_norm, self.eps)
         q = self.q_proj(x).view(batch, t_new, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, t_new, self.n_kv, self.head_dim).transpose(1, 2)
@@ -183,7 +192,12 @@ def save(head: FeatureHead, path, dtype=torch.bfloat16, meta: Optional[dict] = N
 
 def load(target, path=None) -> FeatureHead:
     """The draft stored at ``path`` (default :data:`DEFAULT_WEIGHTS`), attached to ``target``
-    (a SmolLM2 ``LlamaForCausalLM``), float32, eval mode, linears on :func:`specverify.linear`."""
+    (a SmolLM2 ``LlamaForCausalLM``), float32, eval mode, linears on :func:`specverify.linear`.
+
+    The file is checked before use (:func:`check_weights`): one :class:`ValueError` naming the
+    file and the problem, rather than a failure far from the cause (repeated vocabulary ids, say,
+    would hand the verifier a row that is not the law the token was drawn from)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from .transformers import use_fast_linears
@@ -191,15 +205,49 @@ def load(target, path=None) -> FeatureHead:
     path = Path(path) if path is not None else DEFAULT_WEIGHTS
     if not path.is_file():
         raise FileNotFoundError(f"no learned draft at {path}: train one with python -m experiments.train_draft")
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
+    check_weights(tensors, target.config, path)
     head = FeatureHead(target.config, tensors["vocab_ids"])
-    missing, unexpected = head.load_state_dict({k: v.float() if v.is_floating_point() else v
-                                                for k, v in tensors.items()}, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path} does not hold a FeatureHead: missing {missing}, unexpected {unexpected}")
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
     head.attach(target).eval().requires_grad_(False)
     use_fast_linears(head)
     return head
+
+
+def check_weights(tensors: dict, config, path="the draft file") -> None:
+    """Raise a ValueError naming ``path`` unless ``tensors`` hold exactly a :class:`FeatureHead`
+    for ``config``: every expected tensor with its shape, floating weights that are finite, and
+    ``vocab_ids`` a non-empty, strictly increasing int64 vector of ids in ``[0, V)``."""
+    if not isinstance(tensors.get("vocab_ids"), torch.Tensor):
+        raise ValueError(f"{path} does not hold a learned draft: no 'vocab_ids' tensor")
+    ids = tensors["vocab_ids"]
+    n_vocab = int(config.vocab_size)
+    if ids.dtype != torch.int64 or ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"{path}: vocab_ids must be a non-empty 1-D int64 tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if int(ids.min()) < 0 or int(ids.max()) >= n_vocab:
+        raise ValueError(f"{path}: vocab_ids must lie in [0, {n_vocab}), got ids from {int(ids.min())} to {int(ids.max())}")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError(f"{path}: vocab_ids must be strictly increasing (sorted, no id twice): a repeated id "
+                         "would give a drafted token two rows and break exact verification")
+    with torch.device("meta"):
+        expected = FeatureHead(config, torch.zeros(ids.numel(), dtype=torch.int64)).state_dict()
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path} does not hold this FeatureHead: missing {missing}, unexpected {unexpected}"
+                         + (" (a draft from before the normalized inputs: retrain it)"
+                            if set(missing) <= {"feature_norm", "embed_norm"} else ""))
+    for name, want in expected.items():
+        have = tensors[name]
+        if tuple(have.shape) != tuple(want.shape):
+            raise ValueError(f"{path}: {name} has shape {tuple(have.shape)}, expected {tuple(want.shape)}")
+        if name != "vocab_ids":
+            if not have.is_floating_point():
+                raise ValueError(f"{path}: {name} must be a floating tensor, got {have.dtype}")
+            if not bool(torch.isfinite(have).all()):
+                raise ValueError(f"{path}: {name} holds non-finite values (NaN or inf)")
 
 
 def metadata(path=None) -> dict:

@@ -65,3 +65,77 @@ def test_reduced_vocabulary_ranks_the_answers_first():
     assert coverage == pytest.approx(5 / 6)  # of the answers' tokens
     ids, _ = train_draft.reduced_vocabulary(answers, documents, 5, always=[9])
     assert ids.tolist() == [1, 2, 3, 7, 9]  # the documents fill the rest (3 ties with 2 broken by them)
+
+
+# -- the command's arguments and the training loop's guards (model-free) -------------------------------
+@pytest.mark.parametrize("argv,words", [
+    (["--noise", "nan"], "--noise: must be a finite number >= 0"),
+    (["--noise", "inf"], "--noise: must be a finite number >= 0"),
+    (["--noise", "-0.1"], "--noise"),
+    (["--lr", "0"], "--lr: must be a finite number > 0 and < 1"),
+    (["--lr", "nan"], "--lr"),
+    (["--max-steps", "-1"], "--max-steps: must be an integer >= 0"),
+    (["--epochs", "0"], "--epochs"),
+    (["--prompts", "0", "--documents", "0"], "nothing to train on"),
+    (["--batch", "two"], "--batch: must be an integer"),
+    (["--ttt-steps", "0"], "--ttt-steps"),
+    (["--tiny", "--out", "specverify/integrations/data/smollm2_draft.safetensors"], "not over the shipped"),
+])
+def test_bad_options_are_refused_naming_them(argv, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        train_draft.parse_args(argv)
+    assert info.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_tiny_says_what_it_overrides(capsys):
+    args = train_draft.parse_args(["--tiny", "--epochs", "5", "--vocab", "512"])
+    assert args.epochs == 3 and "--epochs 3 (not 5)" in capsys.readouterr().out  # --vocab 512 is tiny's own: not named
+    assert train_draft.parse_args([]).out is None  # the default: the run's own folder, never the shipped file
+
+
+def _tiny_head():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specverify.integrations import learned_draft as ld
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    head = ld.FeatureHead(config, torch.arange(16)).attach(model)
+    rows = [(torch.randint(0, 16, (12,), dtype=torch.int32), torch.randn(11, 16, dtype=torch.float16) * 30, 4)
+            for _ in range(6)]
+    return head, rows
+
+
+def test_a_finished_run_resumed_trains_nothing_more(tmp_path):
+    head, rows = _tiny_head()
+    history = train_draft.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                                ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
+    assert [h["step"] for h in history] == [1, 2, 3, 4]
+    again = train_draft.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                              ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
+    assert [h["step"] for h in again] == [1, 2, 3, 4]
+
+
+def test_a_non_finite_loss_stops_the_run_before_the_step(tmp_path):
+    torch = pytest.importorskip("torch")
+    head, rows = _tiny_head()
+    rows[0] = (rows[0][0], torch.full_like(rows[0][1], float("nan")), 4)
+    before = {k: v.clone() for k, v in head.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        train_draft.train(head, rows[:1] * 2, epochs=1, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                          ckpt_dir=tmp_path, log=lambda *a: None)
+    assert all(torch.equal(before[k], v) for k, v in head.state_dict().items())  # no step taken
+
+
+def test_losses_are_taken_on_answer_positions_only():
+    torch = pytest.importorskip("torch")
+    head, rows = _tiny_head()
+    tokens, hidden, learn = train_draft._pad(rows[:2], 16)
+    assert learn[:, :3].sum() == 0 and learn[:, 3:].all()  # answer from token 4: position 3 predicts it; labels at 3 .. 10
+    _, stats = train_draft.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=3)
+    assert stats["tokens"] == 2 * (11 - 3) and {"top1", "top2", "top3", "ce3"} <= set(stats)
+    assert train_draft.answer_start(torch.tensor([5, 1, 2, 9, 1, 2, 7, 8]), [1, 2]) == 6
+    assert train_draft.answer_start(torch.tensor([5, 9]), [1, 2]) == 0
