@@ -1,18 +1,16 @@
 """The harness's own arguments, validated before any work by ``check_exact``, ``check_sampled``
-and ``check_greedy`` (the command line goes through them too).
+and ``check_greedy`` (the command line goes through them too; tree shapes:
+:func:`specverify.testing._kinds.tree_parents`).
 
 A bad argument raises :class:`ArgumentError` (a ``ValueError``) naming it, so the command line can
 name its option (``vocab`` -> ``--vocab``) and exit 2 instead of reporting the verifier's fault.
 """
 
 import math
-import re
 
 import numpy as np
 
-from . import _kinds
-
-__all__ = ["ArgumentError", "integer", "number", "seconds", "choice", "tree_parents", "common"]
+__all__ = ["ArgumentError", "integer", "number", "seconds", "choice", "common"]
 
 # Budgets and sizes beyond these are typos (10**12 rounds would allocate terabytes), not checks.
 MAX_ROUNDS = 10 ** 7
@@ -58,36 +56,6 @@ def choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ArgumentError(name, f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
-
-
-_PARENTS_TEXT = re.compile(r"^\s*-?\d+(\s*,\s*-?\d+)*\s*$")
-
-
-def tree_parents(tree_shape, max_nodes=None):
-    """The parents list of ``tree_shape``: a name of ``TREE_SHAPES``, a parents list, or the same
-    as comma-separated text (``"-1,-1,0,0"``); every parent -1 or an earlier node."""
-    shapes = f"one of {', '.join(map(repr, _kinds.TREE_SHAPES))}, a parents list or comma-separated parents " \
-             "such as '-1,-1,0,0'"
-    if isinstance(tree_shape, str):
-        if tree_shape in _kinds.TREE_SHAPES:
-            return list(_kinds.TREE_SHAPES[tree_shape])
-        if not _PARENTS_TEXT.match(tree_shape):
-            raise ArgumentError("tree_shape", f"tree_shape must be {shapes}, got {tree_shape!r}")
-        tree_shape = [int(x) for x in tree_shape.split(",")]
-    try:
-        parents = [integer("tree_shape", p, -1) for p in tree_shape]
-    except (TypeError, ArgumentError):
-        raise ArgumentError("tree_shape", f"tree_shape must be {shapes}, got {tree_shape!r}") from None
-    if not parents:
-        raise ArgumentError("tree_shape", "tree_shape must have at least one node, got an empty parents list")
-    for i, p in enumerate(parents):
-        if not -1 <= p < i:
-            raise ArgumentError("tree_shape", f"tree_shape[{i}] = {p} is not -1 or an earlier node (parents "
-                                              f"{parents})")
-    if max_nodes is not None and len(parents) > max_nodes:
-        raise ArgumentError("tree_shape", f"a tree of {len(parents)} nodes exceeds the limit of {max_nodes} "
-                                          f"(tree_shape {parents})")
-    return parents
 
 
 def common(verifier, seed, call_budget, time_budget):

@@ -209,7 +209,7 @@ def _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_sha
     parents = None
     if kind == "tree":
         _args.choice("tree_rule", tree_rule, _kinds.TREE_RULES)
-        parents = _args.tree_parents(tree_shape, LIMITS["tree_nodes"])
+        parents = _kinds.tree_parents(tree_shape, LIMITS["tree_nodes"])
         drafts = ("deterministic",) if tree_rule == "deterministic" else ("stochastic",)
     else:
         drafts = (drafts,) if isinstance(drafts, str) else tuple(drafts) if isinstance(drafts, (list, tuple)) else ()

@@ -212,7 +212,7 @@ def check_greedy(verifier, kind="chain", *, vocab=3, k=2, tree_shape="depth2", t
                                                                                10**7)):
         _args.integer(name, value, low, high)
     _args.choice("ties", ties, ("lowest", "any"))
-    parents = np.asarray(_args.tree_parents(tree_shape, 6), dtype=np.int64) if kind == "tree" else None
+    parents = np.asarray(_kinds.tree_parents(tree_shape, 6), dtype=np.int64) if kind == "tree" else None
     names = ("target_scores", "draft_tokens") + (("parents",) if kind == "tree" else ())
     caller = Caller(verifier, call_budget, names)
     settings = dict(kind=kind, layout="specverify", vocab=vocab, k=k if kind == "chain" else None, ties=ties,

@@ -256,7 +256,7 @@ def check_sampled(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, 
     parents = None
     if kind == "tree":
         _args.choice("tree_rule", tree_rule, _kinds.TREE_RULES)
-        parents = np.asarray(_args.tree_parents(tree_shape), dtype=np.int64)
+        parents = np.asarray(_kinds.tree_parents(tree_shape), dtype=np.int64)
         draft_kind = "deterministic" if tree_rule == "deterministic" else "stochastic"
         depth_of = _kinds.depths(parents)
         rows = int(depth_of.max()) + 1
