@@ -30,6 +30,7 @@ import re
 import sys
 import threading
 
+from . import _kinds
 from ._args import ArgumentError, seconds
 from .report import json_safe
 
@@ -122,7 +123,7 @@ def build_parser():
     p.add_argument("--alpha", type=float, default=1e-6, help="sampled mode: level of the whole check")
     p.add_argument("--call-budget", type=float, default=5.0, help="seconds one call may take (finite, > 0)")
     p.add_argument("--time-budget", type=float, default=600.0,
-                   help="seconds for the whole check, the verifier's import included (finite, > 0)")
+                   help="seconds for the whole check, and for importing the verifier's module (finite, > 0)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON document")
     return p
 
@@ -206,6 +207,7 @@ def _check(args, out):
     from . import adapters, check_exact, check_greedy, check_sampled
 
     mode = _mode(args)
+    _kinds.tree_parents(args.tree_shape)  # whatever the kind: a typo is refused, not silently ignored
     seconds("time_budget", args.time_budget)  # before the import it bounds
     verifier = load_verifier(args.verifier, timeout=args.time_budget)
     settings = _settings(args, mode)
@@ -275,7 +277,7 @@ def _catalogue(args, out):
 
 
 def main(argv=None, out=None):
-    """Run the command line; returns the exit status (:data:`EXIT_STATUSES`: 0 lossless / all
+    """Run the command line; returns the exit status (``EXIT_STATUSES``: 0 lossless / all
     caught, 1 violation / an entry missed, 2 verifier error, broken module or invalid arguments)."""
     out = sys.stdout if out is None else out
     parser = build_parser()

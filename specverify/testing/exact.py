@@ -212,9 +212,10 @@ def _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_sha
         parents = _kinds.tree_parents(tree_shape, LIMITS["tree_nodes"])
         drafts = ("deterministic",) if tree_rule == "deterministic" else ("stochastic",)
     else:
+        given = drafts
         drafts = (drafts,) if isinstance(drafts, str) else tuple(drafts) if isinstance(drafts, (list, tuple)) else ()
         if not drafts or any(d not in ("stochastic", "deterministic") for d in drafts):
-            raise ArgumentError("drafts", f"drafts must name 'stochastic' and/or 'deterministic', got {drafts!r}")
+            raise ArgumentError("drafts", f"drafts must name 'stochastic' and/or 'deterministic', got {given!r}")
     if length is None:
         length = (k if kind != "tree" else int(_kinds.depths(parents).max())) + 2
     _args.integer("length", length, 1)

@@ -76,7 +76,7 @@ class Report:
 
     @classmethod
     def from_fault(cls, mode, settings, fault, seconds, calls, hint=None):
-        """The "error" report of a :class:`~specverify.testing._calls.VerifierFault`; ``hint``: what
+        """The "error" report of a ``VerifierFault`` (the verifier misbehaved); ``hint``: what
         the caller may have meant (an option of the check), appended to the summary."""
         # An exhausted time budget is the whole check's, not necessarily the verifier's.
         who = "the check ran out of its" if fault.what == "time budget" else "the verifier"

@@ -130,6 +130,7 @@ def test_budgets_must_be_finite_and_positive(option, value, capsys):
 # -- items 5 and 6: every argument checked before any work, named --------------------------------------
 @pytest.mark.parametrize("argv,option", [
     (["--kind", "tree", "--tree-shape", "bogus"], "--tree-shape"),
+    (["--tree-shape", "bogus"], "--tree-shape"),  # ignored by a chain check, but still a typo
     (["--kind", "tree", "--tree-shape", "0"], "--tree-shape"),
     (["--kind", "tree", "--tree-shape", "a,b"], "--tree-shape"),
     (["--kind", "tree", "--mode", "sampled", "--tree-shape", "0,0"], "--tree-shape"),
