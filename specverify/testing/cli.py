@@ -270,6 +270,9 @@ def _catalogue(args, out):
             results.append(dict(name=name, mode=mode, caught=caught, report=report.to_dict()))
             print(f"{name} [{mode}]: {'CAUGHT' if caught else 'NOT CAUGHT'} — {report.verdict}: {report.summary}",
                   file=text)
+    if not results:  # "every entry run was caught" of no entry would be a success without a check
+        raise ValueError(f"--mode {args.mode} runs no check of {args.catalogue!r} (see --catalogue for the modes that "
+                         "catch each entry)")
     print(f"{missed} of the entries run were not caught" if missed else "every entry run was caught", file=text)
     if args.json:
         print(json.dumps(json_safe({"entries": results, "missed": missed}), allow_nan=False, indent=1), file=out)

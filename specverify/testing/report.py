@@ -50,7 +50,8 @@ class Report:
             position 0 that the check detects with probability ``power`` (computed from the
             noncentral chi-square; see :func:`specverify.testing.sampled.detectable_tv`).
         laws: data for :meth:`plot`.
-        error: ``{what, message, case}`` for verdict "error".
+        error: ``{what, message, case, hint}`` for verdict "error" (``hint``: the option the caller
+            may have meant, or None).
         seconds, calls: cost of the check.
     """
 

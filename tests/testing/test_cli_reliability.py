@@ -90,6 +90,7 @@ EXIT_TABLE = [
     ("invalid argument", ["specverify:accept_from_uniforms", "--vocab", "9"], 2),
     ("unparsable argument", ["specverify:accept_from_uniforms", "--call-budget", "abc"], 2),
     ("missing module", ["nomodule_xyz:f"], 2),
+    ("catalogue entry with no check in the mode", ["--catalogue", "residual_skipped", "--mode", "greedy"], 2),
 ]
 
 
