@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-__all__ = ["ArgumentError", "integer", "number", "seconds", "choice", "common"]
+__all__ = ["ArgumentError", "integer", "number", "seconds", "choice", "flag", "warp", "common"]
 
 # Budgets and sizes beyond these are typos (10**12 rounds would allocate terabytes), not checks.
 MAX_ROUNDS = 10 ** 7
@@ -55,6 +55,20 @@ def seconds(name, value):
 def choice(name, value, choices):
     if not isinstance(value, str) or value not in choices:
         raise ArgumentError(name, f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):  # the string "False" would be truthy
+        raise ArgumentError(name, f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def warp(value):
+    """``warp``: None or a dict of ``sv.warp`` settings (``sv.warp`` checks their values)."""
+    if value is not None and not isinstance(value, dict):
+        raise ArgumentError("warp", f"warp must be None or a dict of sv.warp settings (temperature, top_k, top_p, "
+                                    f"min_p), got {value!r}")
     return value
 
 

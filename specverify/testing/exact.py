@@ -231,8 +231,7 @@ def _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_sha
     _args.integer("grid", grid, 1)
     _args.integer("max_cuts", max_cuts, 1)
     _args.number("margin", margin, 0.0, 1e-3, closed_high=True)
-    if warp is not None and not isinstance(warp, dict):
-        raise TypeError(f"warp must be a dict of sv.warp settings (temperature, top_k, top_p, min_p), got {warp!r}")
+    _args.warp(warp)
     return parents, length, drafts
 
 
@@ -297,6 +296,7 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
     _args.common(verifier, seed, call_budget, time_budget)
     parents, length, drafts = _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_shape, cuts,
                                         tolerance, resolution, grid, max_cuts, margin, warp)
+    full_scan, reproducer = _args.flag("full_scan", full_scan), _args.flag("reproducer", reproducer)
     if models is None:
         support = 1
         if kind == "tree" and tree_rule == "without_replacement":  # k distinct siblings need k tokens

@@ -253,6 +253,7 @@ def check_sampled(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, 
     _args.choice("generator", generator, ("torch", "numpy"))
     _args.number("min_expected", min_expected, 0.0, math.inf)
     _args.integer("max_bins", max_bins, 2)
+    _args.warp(warp)
     parents = None
     if kind == "tree":
         _args.choice("tree_rule", tree_rule, _kinds.TREE_RULES)
