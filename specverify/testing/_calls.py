@@ -175,9 +175,14 @@ def run_guarded(work, caller, time_budget):
             return None, VerifierFault("hung", f"a call did not return within {caller.limit:g} s (left running "
                                        "in a daemon thread)", caller.case(current) if current else None)
         if time.monotonic() - start > time_budget and thread.is_alive():
+            # Say whose time it was: the verifier's calls (one may still be running) or the harness's.
+            running = started is not None
+            spent = caller.seconds + (time.perf_counter() - started if running else 0.0)
             return None, VerifierFault("time budget", f"the check did not finish within time_budget = "
-                                       f"{time_budget:g} s: {caller.calls} verifier calls took {caller.seconds:.3g} "
-                                       "s, the rest was the harness's own work (drawing drafts, enumerating)", None)
+                                       f"{time_budget:g} s: the verifier's {caller.calls} calls took {spent:.3g} s "
+                                       f"of it{' (the last still running)' if running else ''}, the rest was the "
+                                       "harness's own work (drawing drafts, enumerating)",
+                                       caller.case(current) if running and current else None)
     error = box.get("error")
     if isinstance(error, VerifierFault):
         return None, error

@@ -190,8 +190,10 @@ def test_a_time_budget_spent_drawing_drafts_is_not_the_verifiers():
 
     report = testing.check_sampled(first_call_raises, vocab=2 ** 16, k=2, rounds=10 ** 6, time_budget=0.01)
     assert report.error["what"] == "time budget" and report.calls == 0
-    assert report.summary.startswith("the check ran out of its time budget") and "harness's own work" in \
-        report.summary
+    assert report.summary.startswith("the check ran out of its time budget") and "0 calls took 0 s" in report.summary
+    report = testing.check_exact(hangs, k=1, time_budget=0.3)  # here the time is the verifier's
+    assert report.error["what"] == "time budget" and "(the last still running)" in report.summary
+    assert "target_probs" in report.error["case"]
 
 
 def test_a_uniform_taking_verifier_in_sampled_mode_is_pointed_to_draws_uniforms():
