@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import torch
 from torch import nn
@@ -447,9 +447,31 @@ DEFAULT_MIN_CONFIDENCE = {"greedy": 0.1, "sample": 0.3}
 
 def _mode_gate(min_confidence, greedy: bool):
     """The gate of one mode from a number, a ``{"greedy": c, "sample": c}`` mapping, or None
-    (:data:`DEFAULT_MIN_CONFIDENCE`)."""
+    (:data:`DEFAULT_MIN_CONFIDENCE`); a mapping's unknown or missing key is named."""
     gates = DEFAULT_MIN_CONFIDENCE if min_confidence is None else min_confidence
-    return gates["greedy" if greedy else "sample"] if isinstance(gates, dict) else gates
+    if not isinstance(gates, Mapping):
+        return gates
+    mode = "greedy" if greedy else "sample"
+    unknown = sorted(map(repr, set(gates) - set(DEFAULT_MIN_CONFIDENCE)))
+    if unknown or mode not in gates:
+        problem = f"unknown key {', '.join(unknown)}" if unknown else f"no {mode!r} key (the gate of this mode)"
+        raise ValueError(f"min_confidence as a mapping takes the keys 'greedy' and 'sample': {problem}, "
+                         f"got {dict(gates)!r}")
+    return gates[mode]
+
+
+def _check_callbacks(head, hybrid, tree, generator) -> None:
+    """learned_callbacks' own arguments, checked before anything is built (the sampling ones are
+    :class:`Sampling`'s, the gate :func:`_mode_gate`'s and :func:`_check_gate`'s)."""
+    from ..kernels import _inputs
+
+    _inputs.flag(hybrid, "hybrid")  # "False" would be truthy
+    _inputs.flag(tree, "tree")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
+    if head is not None and (not isinstance(head, FeatureHead) or head.head is None):
+        raise ValueError("head must be a FeatureHead attached to the target (head.attach(target_model); load() "
+                         f"attaches), got {'an unattached FeatureHead' if isinstance(head, FeatureHead) else repr(head)}")
 
 
 def _check_gate(min_confidence) -> float:
@@ -810,9 +832,10 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybri
     0: off; a ``{"greedy": c, "sample": c}`` mapping: the mode's; None: :data:`DEFAULT_MIN_CONFIDENCE`'s)."""
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
-    head = head if head is not None else load(target_model)
-    min_confidence = _mode_gate(min_confidence, greedy)
+    _check_callbacks(head, hybrid, tree, generator)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    min_confidence = _check_gate(_mode_gate(min_confidence, greedy))
+    head = head if head is not None else load(target_model)
     target_step = CausalLMTarget(target_model, sampling)
     if tree:
         draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam,

@@ -3,4 +3,8 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+status = main()
+sys.stdout.flush()
+# A verifier left running in its daemon thread (it hung) prints to stderr, never after the report.
+sys.stdout = sys.stderr
+sys.exit(status)

@@ -13,6 +13,8 @@ import traceback
 
 import numpy as np
 
+from . import _args
+
 __all__ = ["VerifierFault", "Caller", "run_guarded", "as_int", "describe"]
 
 
@@ -98,11 +100,10 @@ class Caller:
     def __init__(self, fn, call_budget=5.0, arg_names=(), mutation_checks=256):
         if not callable(fn):
             raise TypeError(f"verifier must be callable, got {type(fn).__name__}")
-        if not (isinstance(call_budget, (int, float)) and call_budget > 0):
-            raise ValueError(f"call_budget must be a positive number of seconds, got {call_budget!r}")
-        self.fn, self.budget, self.arg_names = fn, float(call_budget), tuple(arg_names)
+        self.fn, self.budget, self.arg_names = fn, _args.seconds("call_budget", call_budget), tuple(arg_names)
         self.mutation_checks = mutation_checks
         self.calls = 0
+        self.seconds = 0.0  # spent inside the verifier (a time budget may run out in the harness's own work)
         self.current = None  # the case of the call in progress (read by the watchdog)
         self.limit = self.budget  # the budget of the call in progress
         self.started = None
@@ -125,13 +126,16 @@ class Caller:
             out = self.fn(*args)
         except VerifierFault:
             raise
-        except Exception as e:  # the verifier's own exception, reported with the case
+        # The verifier's own exception, reported with the case; sys.exit() and KeyboardInterrupt too,
+        # which would otherwise end the harness (sys.exit(0): with status 0 and no report).
+        except (Exception, SystemExit, KeyboardInterrupt) as e:
             tb = traceback.extract_tb(e.__traceback__)
             where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
             raise VerifierFault("raised", f"{type(e).__name__}: {e}{where}", self.case(args)) from e
         finally:
             elapsed = time.perf_counter() - self.started
             self.started = None
+            self.seconds += elapsed
         if elapsed > self.limit:
             raise VerifierFault("slow", f"one call took {elapsed:.2f} s, over the budget of {self.limit:g} s",
                                 self.case(args))
@@ -171,10 +175,23 @@ def run_guarded(work, caller, time_budget):
             return None, VerifierFault("hung", f"a call did not return within {caller.limit:g} s (left running "
                                        "in a daemon thread)", caller.case(current) if current else None)
         if time.monotonic() - start > time_budget and thread.is_alive():
+            # Say whose time it was: the verifier's calls (one may still be running) or the harness's.
+            running = started is not None
+            spent = caller.seconds + (time.perf_counter() - started if running else 0.0)
             return None, VerifierFault("time budget", f"the check did not finish within time_budget = "
-                                       f"{time_budget:g} s ({caller.calls} calls made)", None)
-    if "error" in box:
-        if isinstance(box["error"], VerifierFault):
-            return None, box["error"]
-        raise box["error"]
+                                       f"{time_budget:g} s: the verifier's {caller.calls} calls took {spent:.3g} s "
+                                       f"of it{' (the last still running)' if running else ''}, the rest was the "
+                                       "harness's own work (drawing drafts, enumerating)",
+                                       caller.case(current) if running and current else None)
+    error = box.get("error")
+    if isinstance(error, VerifierFault):
+        return None, error
+    if isinstance(error, (SystemExit, KeyboardInterrupt)):
+        # Only the verifier's code can raise these in the worker thread (in an output's __len__ or
+        # __int__, say): never let them end the harness as if it had finished.
+        return None, VerifierFault("raised", f"{type(error).__name__}({error}) escaped from the verifier's code "
+                                   "(from an object it returned?)", caller.case(caller.current) if caller.current
+                                   else None)
+    if error is not None:
+        raise error
     return box["result"], None

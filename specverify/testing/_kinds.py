@@ -17,16 +17,18 @@ place of ``uniforms``.  The emitted tokens of a round are ``draft_tokens[:n_acce
 """
 
 import itertools
+import re
 
 import numpy as np
 
 from specverify.law import tree as law_tree
 
+from . import _args
 from ._calls import VerifierFault, as_int
 from .models import inverse_cdf_cuts
 
 __all__ = ["KINDS", "TREE_RULES", "TREE_SHAPES", "chain_output", "tree_output", "chain_draft_paths",
-           "tree_drafts", "token_rule_cuts", "block_rule_cuts", "tree_rule_cuts", "depths"]
+           "tree_drafts", "tree_parents", "token_rule_cuts", "block_rule_cuts", "tree_rule_cuts", "depths"]
 
 KINDS = ("chain", "block", "tree", "greedy")
 TREE_RULES = ("deterministic", "with_replacement", "without_replacement")
@@ -37,6 +39,36 @@ TREE_SHAPES = {
     "wide": [-1, -1, -1, 0, 0],      # root: 3 children, the first with 2 (N = 5)
     "depth3": [-1, -1, 0, 1, 2],     # depth 3 (N = 5)
 }
+
+
+_PARENTS_TEXT = re.compile(r"^\s*-?\d+(\s*,\s*-?\d+)*\s*$")
+
+
+def tree_parents(tree_shape, max_nodes=None):
+    """The parents list of ``tree_shape``: a name of ``TREE_SHAPES``, a parents list, or the same
+    as comma-separated text (``"-1,-1,0,0"``); every parent -1 or an earlier node."""
+    shapes = f"one of {', '.join(map(repr, TREE_SHAPES))}, a parents list or comma-separated parents " \
+             "such as '-1,-1,0,0'"
+    if isinstance(tree_shape, str):
+        if tree_shape in TREE_SHAPES:
+            return list(TREE_SHAPES[tree_shape])
+        if not _PARENTS_TEXT.match(tree_shape):
+            raise _args.ArgumentError("tree_shape", f"tree_shape must be {shapes}, got {tree_shape!r}")
+        tree_shape = [int(x) for x in tree_shape.split(",")]
+    try:
+        parents = [_args.integer("tree_shape", p, -1) for p in tree_shape]
+    except (TypeError, _args.ArgumentError):
+        raise _args.ArgumentError("tree_shape", f"tree_shape must be {shapes}, got {tree_shape!r}") from None
+    if not parents:
+        raise _args.ArgumentError("tree_shape", "tree_shape must have at least one node, got an empty parents list")
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise _args.ArgumentError("tree_shape", f"tree_shape[{i}] = {p} is not -1 or an earlier node "
+                                                    f"(parents {parents})")
+    if max_nodes is not None and len(parents) > max_nodes:
+        raise _args.ArgumentError("tree_shape", f"a tree of {len(parents)} nodes exceeds the limit of "
+                                                f"{max_nodes} (tree_shape {parents})")
+    return parents
 
 
 def _normalized(rows):

@@ -347,4 +347,5 @@ def with_generator(fn, kind="chain", layout="specverify"):
         def sampled(target_probs, draft_probs, draft_tokens, generator):
             return fn(target_probs, draft_probs, draft_tokens, draw_uniforms(generator, len(draft_tokens) + 1))
     sampled.__name__ = f"{getattr(fn, '__name__', 'verifier')}_with_generator"
+    sampled.draws_uniforms = True  # check_sampled's hint about uniform-taking verifiers does not apply
     return sampled

@@ -39,7 +39,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from . import _kinds
+from . import _args, _kinds
+from ._args import ArgumentError
 from ._calls import Caller, VerifierFault, describe, run_guarded
 from .models import MarkovModel, compose_rounds, law_over_uniforms, marginal, model_pairs, target_law, \
     total_variation
@@ -183,43 +184,55 @@ def _warped_model(model, warp):
     return MarkovModel(logits.astype(np.float32), validate=False), MarkovModel(np.asarray(sv.warp(flat, **warp)).reshape(model.table.shape))
 
 
-def _validate(kind, vocab, k, length, order, tree_rule, parents, cuts, tolerance, resolution, warp):
-    from .adapters import KIND_NAMES
+def _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_shape, cuts, tolerance, resolution,
+              grid, max_cuts, margin, warp):
+    """Every argument of :func:`check_exact` but the shared ones; returns ``(parents, length, drafts)``."""
+    from .adapters import KIND_NAMES, LAYOUTS
 
     if kind not in KIND_NAMES or kind == "greedy":
-        raise ValueError(f"kind must be one of 'chain', 'block', 'tree' for check_exact (greedy verifiers: "
-                         f"check_greedy), got {kind!r}")
-    for name, value, low in (("vocab", vocab, 2), ("k", k, 0), ("length", length, 1), ("order", order, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ArgumentError("kind", f"kind must be one of 'chain', 'block', 'tree' for check_exact (greedy verifiers: "
+                                    f"check_greedy), got {kind!r}")
+    _args.choice("layout", layout, LAYOUTS)
+    if layout == "hf":
+        raise ArgumentError("layout", "layout 'hf' draws its own randomness (torch's generator): check it with "
+                                      "check_sampled, not exact mode")
+    for name, value, low in (("vocab", vocab, 2), ("k", k, 0), ("order", order, 1)):
+        _args.integer(name, value, low)
     if vocab > LIMITS["vocab"]:
-        raise ValueError(f"exact mode enumerates V^K draft paths and V^L sequences: vocab = {vocab} exceeds the "
-                         f"limit {LIMITS['vocab']} (use check_sampled for large V)")
+        raise ArgumentError("vocab", f"exact mode enumerates V^K draft paths and V^L sequences: vocab = {vocab} "
+                                     f"exceeds the limit {LIMITS['vocab']} (use check_sampled for large V)")
     if k > LIMITS["k"]:
-        raise ValueError(f"k = {k} exceeds exact mode's limit {LIMITS['k']} (cells grow as 2^K * V^K per context)")
-    if length > LIMITS["length"]:
-        raise ValueError(f"length = {length} exceeds exact mode's limit {LIMITS['length']}")
+        raise ArgumentError("k", f"k = {k} exceeds exact mode's limit {LIMITS['k']} (cells grow as 2^K * V^K per "
+                                 "context)")
     if order > 2:
-        raise ValueError(f"order must be 1 or 2, got {order}")
+        raise ArgumentError("order", f"order must be 1 or 2, got {order}")
+    parents = None
     if kind == "tree":
-        if tree_rule not in _kinds.TREE_RULES:
-            raise ValueError(f"tree_rule must be one of {_kinds.TREE_RULES} for kind='tree', got {tree_rule!r}")
-        if len(parents) > LIMITS["tree_nodes"]:
-            raise ValueError(f"a tree of {len(parents)} nodes exceeds exact mode's limit {LIMITS['tree_nodes']}")
-        for i, p in enumerate(parents):
-            if not -1 <= p < i:
-                raise ValueError(f"tree_shape[{i}] = {p} is not -1 or an earlier node")
+        _args.choice("tree_rule", tree_rule, _kinds.TREE_RULES)
+        parents = _kinds.tree_parents(tree_shape, LIMITS["tree_nodes"])
+        drafts = ("deterministic",) if tree_rule == "deterministic" else ("stochastic",)
+    else:
+        given = drafts
+        drafts = (drafts,) if isinstance(drafts, str) else tuple(drafts) if isinstance(drafts, (list, tuple)) else ()
+        if not drafts or any(d not in ("stochastic", "deterministic") for d in drafts):
+            raise ArgumentError("drafts", f"drafts must name 'stochastic' and/or 'deterministic', got {given!r}")
+    if length is None:
+        length = (k if kind != "tree" else int(_kinds.depths(parents).max())) + 2
+    _args.integer("length", length, 1)
+    if length > LIMITS["length"]:
+        raise ArgumentError("length", f"length = {length} exceeds exact mode's limit {LIMITS['length']}")
     n_uniforms = (len(parents) if kind == "tree" else k) + 1
     if n_uniforms > LIMITS["uniforms"]:
-        raise ValueError(f"{n_uniforms} uniforms per round exceed exact mode's limit {LIMITS['uniforms']}")
+        raise ArgumentError("k", f"{n_uniforms} uniforms per round exceed exact mode's limit {LIMITS['uniforms']}")
     if not (cuts in ("bisect", "analytic") or callable(cuts)):
-        raise ValueError(f"cuts must be 'bisect', 'analytic' or a callable, got {cuts!r}")
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance must be in (0, 1), got {tolerance!r}")
-    if not 0 < resolution <= 2.0 ** -20:
-        raise ValueError(f"resolution must be in (0, 2^-20], got {resolution!r}")
-    if warp is not None and not isinstance(warp, dict):
-        raise TypeError(f"warp must be a dict of sv.warp settings (temperature, top_k, top_p, min_p), got {warp!r}")
+        raise ArgumentError("cuts", f"cuts must be 'bisect', 'analytic' or a callable, got {cuts!r}")
+    _args.number("tolerance", tolerance, 0.0, 1.0)
+    _args.number("resolution", resolution, 0.0, 2.0 ** -20, closed_high=True)
+    _args.integer("grid", grid, 1)
+    _args.integer("max_cuts", max_cuts, 1)
+    _args.number("margin", margin, 0.0, 1e-3, closed_high=True)
+    _args.warp(warp)
+    return parents, length, drafts
 
 
 def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, length=None, order=1,
@@ -280,18 +293,10 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
     """
     from .adapters import adapt
 
-    parents = list(_kinds.TREE_SHAPES[tree_shape] if isinstance(tree_shape, str) else tree_shape) \
-        if kind == "tree" else None
-    if kind == "tree" and isinstance(tree_shape, str) and tree_shape not in _kinds.TREE_SHAPES:
-        raise ValueError(f"tree_shape must be one of {list(_kinds.TREE_SHAPES)} or a parents list, got {tree_shape!r}")
-    if length is None:
-        length = (k if kind != "tree" else int(_kinds.depths(parents).max())) + 2
-    _validate(kind, vocab, k, length, order, tree_rule, parents or [], cuts, tolerance, resolution, warp)
-    drafts = (drafts,) if isinstance(drafts, str) else tuple(drafts)
-    if kind == "tree":
-        drafts = ("deterministic",) if tree_rule == "deterministic" else ("stochastic",)
-    elif not drafts or any(d not in ("stochastic", "deterministic") for d in drafts):
-        raise ValueError(f"drafts must name 'stochastic' and/or 'deterministic', got {drafts!r}")
+    _args.common(verifier, seed, call_budget, time_budget)
+    parents, length, drafts = _validate(kind, layout, vocab, k, length, order, drafts, tree_rule, tree_shape, cuts,
+                                        tolerance, resolution, grid, max_cuts, margin, warp)
+    full_scan, reproducer = _args.flag("full_scan", full_scan), _args.flag("reproducer", reproducer)
     if models is None:
         support = 1
         if kind == "tree" and tree_rule == "without_replacement":  # k distinct siblings need k tokens
@@ -315,7 +320,13 @@ def check_exact(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, le
     result, fault = run_guarded(work, caller, time_budget)
     seconds = time.perf_counter() - start
     if fault is not None:
-        return Report.from_fault("exact", settings, fault, seconds, caller.calls)
+        hint = None
+        # Drafted rows run first: a fault with draft_probs=None came after those rounds went through.
+        if drafts[0] == "stochastic" and (fault.case or {}).get("draft_probs", 0) is None:
+            hint = ("the verifier failed only with draft_probs=None (deterministic drafts), after running on drafted "
+                    "rows: one written for drafted rows only is checked with drafts='stochastic' (command line: "
+                    "--drafts stochastic)")
+        return Report.from_fault("exact", settings, fault, seconds, caller.calls, hint)
     if isinstance(result, _SupportViolation):
         return Report(mode="exact", verdict="violation", settings=settings, seconds=seconds, calls=caller.calls,
                       summary=f"emitted tokens {result.emitted} of target probability 0 after context "

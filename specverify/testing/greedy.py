@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from . import _kinds
+from . import _args, _kinds
 from ._calls import Caller, VerifierFault, describe, run_guarded
 from .report import Report
 
@@ -202,27 +202,17 @@ def check_greedy(verifier, kind="chain", *, vocab=3, k=2, tree_shape="depth2", t
     Raises:
         ValueError: invalid arguments (the limits are stated in the message).
     """
+    _args.common(verifier, seed, call_budget, time_budget)
     if kind == "greedy":
         kind = "chain"
     if kind not in ("chain", "tree"):
-        raise ValueError(f"kind must be 'chain' or 'tree' for check_greedy, got {kind!r}")
+        raise _args.ArgumentError("kind", f"kind must be 'chain' or 'tree' for check_greedy, got {kind!r}")
     for name, value, low, high in (("vocab", vocab, 2, 5), ("k", k, 0, 4), ("random_cases", random_cases, 0, 10**7),
                                    ("random_vocab", random_vocab, 2, 10**6), ("max_exhaustive", max_exhaustive, 1,
                                                                                10**7)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-            raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    if ties not in ("lowest", "any"):
-        raise ValueError(f"ties must be 'lowest' or 'any', got {ties!r}")
-    parents = None
-    if kind == "tree":
-        if isinstance(tree_shape, str):
-            if tree_shape not in _kinds.TREE_SHAPES:
-                raise ValueError(f"tree_shape must be one of {list(_kinds.TREE_SHAPES)} or a parents list, got "
-                                 f"{tree_shape!r}")
-            tree_shape = _kinds.TREE_SHAPES[tree_shape]
-        parents = np.asarray(tree_shape, dtype=np.int64)
-        if parents.ndim != 1 or len(parents) > 6 or any(not -1 <= p < i for i, p in enumerate(parents)):
-            raise ValueError(f"tree_shape must be a topological parents list of at most 6 nodes, got {tree_shape!r}")
+        _args.integer(name, value, low, high)
+    _args.choice("ties", ties, ("lowest", "any"))
+    parents = np.asarray(_kinds.tree_parents(tree_shape, 6), dtype=np.int64) if kind == "tree" else None
     names = ("target_scores", "draft_tokens") + (("parents",) if kind == "tree" else ())
     caller = Caller(verifier, call_budget, names)
     settings = dict(kind=kind, layout="specverify", vocab=vocab, k=k if kind == "chain" else None, ties=ties,
@@ -234,7 +224,10 @@ def check_greedy(verifier, kind="chain", *, vocab=3, k=2, tree_shape="depth2", t
     result, fault = run_guarded(work, caller, time_budget)
     seconds = time.perf_counter() - start
     if fault is not None:
-        return Report.from_fault("greedy", settings, fault, seconds, caller.calls)
+        hint = None
+        if kind == "chain" and caller.calls == 1 and fault.what == "raised" and "TypeError" in fault.message:
+            hint = "a tree verifier (it takes parents) is checked with kind='tree' (command line: --kind tree)"
+        return Report.from_fault("greedy", settings, fault, seconds, caller.calls, hint)
     counts, bad = result
     settings.update(exhaustive_cases=counts[0], exhaustive_sampled=counts[2])
     sampled_note = " (a seeded sample of the exhaustive product)" if counts[2] else ""

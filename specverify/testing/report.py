@@ -1,12 +1,29 @@
 """The result of a check: verdict, numbers, where a violation was found; a figure."""
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["Report"]
+__all__ = ["Report", "json_safe"]
 
 VERDICTS = ("lossless", "violation", "error")
+
+
+def json_safe(value):
+    """``value`` with NumPy scalars and arrays as Python ones, non-finite floats as strings and
+    anything else unknown as its ``str`` (``json.dumps(..., allow_nan=False)`` accepts the result)."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "tolist"):  # NumPy scalars and arrays
+        return json_safe(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
 
 
 @dataclass
@@ -33,7 +50,8 @@ class Report:
             position 0 that the check detects with probability ``power`` (computed from the
             noncentral chi-square; see :func:`specverify.testing.sampled.detectable_tv`).
         laws: data for :meth:`plot`.
-        error: ``{what, message, case}`` for verdict "error".
+        error: ``{what, message, case, hint}`` for verdict "error" (``hint``: the option the caller
+            may have meant, or None).
         seconds, calls: cost of the check.
     """
 
@@ -58,10 +76,14 @@ class Report:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
 
     @classmethod
-    def from_fault(cls, mode, settings, fault, seconds, calls):
-        return cls(mode=mode, verdict="error", settings=settings, seconds=seconds, calls=calls,
-                   summary=f"the verifier {fault.what}: {fault.message}",
-                   error={"what": fault.what, "message": fault.message, "case": fault.case})
+    def from_fault(cls, mode, settings, fault, seconds, calls, hint=None):
+        """The "error" report of a ``VerifierFault`` (the verifier misbehaved); ``hint``: what
+        the caller may have meant (an option of the check), appended to the summary."""
+        # An exhausted time budget is the whole check's, not necessarily the verifier's.
+        who = "the check ran out of its" if fault.what == "time budget" else "the verifier"
+        summary = f"{who} {fault.what}: {fault.message}" + (f" — {hint}" if hint else "")
+        return cls(mode=mode, verdict="error", settings=settings, seconds=seconds, calls=calls, summary=summary,
+                   error={"what": fault.what, "message": fault.message, "case": fault.case, "hint": hint})
 
     @property
     def passed(self):
@@ -70,6 +92,12 @@ class Report:
 
     def to_dict(self):
         return {k: v for k, v in self.__dict__.items() if k != "laws"}
+
+    def to_json(self, **kwargs):
+        """The report (without ``laws``) as strict JSON: non-finite numbers (an impossible token's
+        chi-square, an unreachable position's detectable TV) become the strings "inf", "-inf",
+        "nan", which ``float()`` reads back; ``kwargs`` go to ``json.dumps``."""
+        return json.dumps(json_safe(self.to_dict()), allow_nan=False, **kwargs)
 
     def __str__(self):
         s = self.settings

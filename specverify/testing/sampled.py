@@ -21,16 +21,19 @@ j: reaching j is decided by the tokens before j (a stopping time).  For every po
 
 import contextlib
 import functools
+import math
 import time
 
 import numpy as np
 
-from . import _kinds
+from . import _args, _kinds
 from ._calls import Caller, VerifierFault, run_guarded
 from .models import inverse_cdf
 from .report import Report
 
 __all__ = ["check_sampled", "detectable_tv", "sampled_case", "binned_chisquare"]
+
+MAX_K = 64  # drafts per round of the generated case
 
 
 @functools.lru_cache(maxsize=1024)
@@ -176,6 +179,35 @@ def _sample_tree(rng, q_by_depth, depth_of, parents, rule):
     return tokens
 
 
+def _given_rows(kind, target, draft, draft_kind, rows):
+    """Caller-given ``(target, draft)`` rows as float32, checked: a bad row is the caller's error,
+    not the verifier's (which would otherwise be the first to read it)."""
+    target = np.asarray(target, dtype=np.float32)
+    draft_rows = None if draft is None else np.asarray(draft, dtype=np.float32)
+    if target.ndim != 2 or target.shape[0] < 1 or target.shape[1] < 2:
+        raise _args.ArgumentError("target", f"target must be [rows, V] with V >= 2, got shape {list(target.shape)}")
+    want = (target.shape[0] if kind == "tree" else target.shape[0] - 1, target.shape[1])
+    if draft_rows is None and draft_kind == "stochastic":
+        raise _args.ArgumentError("draft", "draft rows are needed for draft_kind='stochastic'")
+    if draft_rows is not None and draft_rows.shape != want:
+        raise _args.ArgumentError("draft", f"draft must be {list(want)} for a target of shape {list(target.shape)}, "
+                                           f"got {list(draft_rows.shape)}")
+    if kind == "tree" and target.shape[0] != rows:
+        raise _args.ArgumentError("target", f"a tree of depth {rows - 1} needs one target row per depth ({rows}), "
+                                            f"got {target.shape[0]}")
+    # Every target row is read; the draft rows drafts are drawn from (a tree's last, its leaves', is not).
+    read_draft = None if draft_rows is None else draft_rows[:-1] if kind == "tree" else draft_rows
+    for name, r in (("target", target), ("draft", read_draft)):
+        if r is None:
+            continue
+        if not np.all(np.isfinite(r)) or np.any(r < 0):
+            raise _args.ArgumentError(name, f"{name} rows must be finite and non-negative")
+        empty = np.flatnonzero(r.sum(axis=1) <= 0)
+        if empty.size:
+            raise _args.ArgumentError(name, f"{name}[{empty[0]}] has zero mass")
+    return target, draft_rows
+
+
 def check_sampled(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, rounds=20_000, seed=0,
                   alpha=1e-6, power=0.99, target=None, draft=None, draft_kind="stochastic",
                   tree_rule="without_replacement", tree_shape="depth2", warp=None, generator="torch",
@@ -208,46 +240,36 @@ def check_sampled(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, 
     Returns:
         :class:`~specverify.testing.report.Report`.
     """
-    from .adapters import adapt
+    from .adapters import LAYOUTS, adapt
 
+    _args.common(verifier, seed, call_budget, time_budget)
     if kind not in ("chain", "block", "tree"):
-        raise ValueError(f"kind must be 'chain', 'block' or 'tree' for check_sampled, got {kind!r}")
-    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 100:
-        raise ValueError(f"rounds must be an integer >= 100, got {rounds!r}")
-    if not 0 < alpha < 1 or not 0 < power < 1:
-        raise ValueError(f"alpha and power must be in (0, 1), got {alpha!r}, {power!r}")
-    if draft_kind not in ("stochastic", "deterministic"):
-        raise ValueError(f"draft_kind must be 'stochastic' or 'deterministic', got {draft_kind!r}")
-    if generator not in ("torch", "numpy"):
-        raise ValueError(f"generator must be 'torch' or 'numpy', got {generator!r}")
+        raise _args.ArgumentError("kind", f"kind must be 'chain', 'block' or 'tree' for check_sampled, got {kind!r}")
+    _args.choice("layout", layout, LAYOUTS)
+    rounds = _args.integer("rounds", rounds, 100, _args.MAX_ROUNDS)
+    _args.number("alpha", alpha, 0.0, 1.0)
+    _args.number("power", power, 0.0, 1.0)
+    _args.choice("draft_kind", draft_kind, ("stochastic", "deterministic"))
+    _args.choice("generator", generator, ("torch", "numpy"))
+    _args.number("min_expected", min_expected, 0.0, math.inf)
+    _args.integer("max_bins", max_bins, 2)
+    _args.warp(warp)
     parents = None
     if kind == "tree":
-        if tree_rule not in _kinds.TREE_RULES:
-            raise ValueError(f"tree_rule must be one of {_kinds.TREE_RULES}, got {tree_rule!r}")
-        parents = np.asarray(_kinds.TREE_SHAPES[tree_shape] if isinstance(tree_shape, str) else tree_shape,
-                             dtype=np.int64)
+        _args.choice("tree_rule", tree_rule, _kinds.TREE_RULES)
+        parents = np.asarray(_kinds.tree_parents(tree_shape), dtype=np.int64)
         draft_kind = "deterministic" if tree_rule == "deterministic" else "stochastic"
         depth_of = _kinds.depths(parents)
         rows = int(depth_of.max()) + 1
     else:
-        rows = k + 1
+        rows = _args.integer("k", k, 0, MAX_K) + 1
     if target is None:
+        _args.integer("vocab", vocab, 2, _args.MAX_SAMPLED_VOCAB)  # V = 1: a row with its one token zeroed
         target, draft_rows = sampled_case(vocab, rows, seed)
         if kind == "tree":
             draft_rows = np.concatenate([draft_rows, target[-1:]])  # leaves' rows: never read
     else:
-        target = np.asarray(target, dtype=np.float32)
-        draft_rows = None if draft is None else np.asarray(draft, dtype=np.float32)
-        if target.ndim != 2 or target.shape[0] < 1:
-            raise ValueError(f"target must be [rows, V], got shape {list(target.shape)}")
-        want = (target.shape[0] if kind == "tree" else target.shape[0] - 1, target.shape[1])
-        if draft_rows is None and draft_kind == "stochastic":
-            raise ValueError("draft rows are needed for draft_kind='stochastic'")
-        if draft_rows is not None and draft_rows.shape != want:
-            raise ValueError(f"draft must be {list(want)} for a target of shape {list(target.shape)}, got "
-                             f"{list(draft_rows.shape)}")
-        if kind == "tree" and target.shape[0] != rows:
-            raise ValueError(f"a tree of depth {rows - 1} needs one target row per depth ({rows}), got {target.shape[0]}")
+        target, draft_rows = _given_rows(kind, target, draft, draft_kind, rows)
     vocab = target.shape[1]
     k = target.shape[0] - 1
     view_target, view_draft = target, draft_rows
@@ -271,7 +293,11 @@ def check_sampled(verifier, kind="chain", *, layout="specverify", vocab=3, k=2, 
     result, fault = run_guarded(work, caller, time_budget)
     seconds = time.perf_counter() - start
     if fault is not None:
-        return Report.from_fault("sampled", settings, fault, seconds, caller.calls)
+        hint = None
+        if fault.what == "raised" and caller.calls == 1 and not getattr(verifier, "draws_uniforms", False):
+            hint = ("if the verifier takes uniforms rather than a generator, wrap it with adapters.with_generator "
+                    "(command line: --draws-uniforms)")
+        return Report.from_fault("sampled", settings, fault, seconds, caller.calls, hint)
     accepted, emitted, fixed_tokens = result
     return _analyse(settings, kind, accepted, emitted, law_target, law_draft, fixed_tokens, parents, tree_rule,
                     alpha, power, min_expected, max_bins, seconds, caller.calls)

@@ -480,6 +480,28 @@ def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
     assert probs is None and tokens.numel() == 3
 
 
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(min_confidence={"greedy": 0.1}, greedy=False), ValueError, "no 'sample' key"),
+    (dict(min_confidence={"greedy": 0.1, "sampling": 0.3}), ValueError, "unknown key 'sampling'"),
+    (dict(min_confidence={"greedy": 1.5, "sample": 0.3}), ValueError, "min_confidence"),
+    (dict(tree="False"), TypeError, "tree must be True or False"),
+    (dict(hybrid="False"), TypeError, "hybrid must be True or False"),
+    (dict(greedy="False"), TypeError, "greedy must be True or False"),
+    (dict(generator="seed"), TypeError, "generator must be a torch.Generator"),
+    (dict(head="unattached"), ValueError, "head must be a FeatureHead attached"),
+])
+def test_learned_callbacks_names_a_bad_argument_before_building_anything(kwargs, error, message):
+    """Model-free: every argument is checked at the entry, so no target model is needed."""
+    from transformers import LlamaConfig
+
+    if kwargs.get("head") == "unattached":  # built, never attach()ed
+        config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1)
+        kwargs = dict(kwargs, head=ld.FeatureHead(config, torch.tensor(REDUCED)))
+    with pytest.raises(error, match=message):
+        ld.learned_callbacks(None, **kwargs)
+
+
 # -- SmolLM2-135M with the shipped draft -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def smol():
