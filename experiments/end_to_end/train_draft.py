@@ -505,7 +505,8 @@ def answer_start(tokens, header) -> int:
 def reduced_vocabulary(answers, documents, size: int, always):
     """The ``size`` token ids the draft's head keeps, sorted, and the share of the answers' tokens
     they cover: the most frequent of the target's own answers (what the draft proposes at
-    inference), ties and the rest by their frequency in the documents, ``always`` included.
+    inference), ties and the rest by their frequency in the documents, then by id (lower first),
+    ``always`` included.
     ``answers``, ``documents``: lists of ``(tokens, hidden)`` rows, or ``(tokens, hidden,
     answer_start)``: then only the answer's tokens ``tokens[answer_start:]`` count (the prompts'
     are context the draft never proposes)."""
@@ -525,7 +526,9 @@ def reduced_vocabulary(answers, documents, size: int, always):
     in_answers, in_documents = counts(answers), counts(documents)
     rank = in_answers * (in_documents.max() + 1) + in_documents
     rank[list(always)] = rank.max() + 1  # always kept
-    top = torch.argsort(rank, descending=True)[:size]
+    # Ties (tokens neither kind holds, when the answers use fewer than ``size``) go to the lower id:
+    # a BPE vocabulary numbers its merges in order, so lower ids are the tokenizer corpus's commoner ones.
+    top = torch.argsort(rank, descending=True, stable=True)[:size]
     return torch.sort(top).values, float(in_answers[top].sum()) / max(1.0, float(in_answers.sum()))
 
 
@@ -711,7 +714,7 @@ def _number(kind, low=None, high=None, low_open=False, high_open=False):
 def parse_args(argv=None):
     positive, count = _number(int, 1), _number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=count, default=2560, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
+    parser.add_argument("--prompts", type=count, default=1920, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
     parser.add_argument("--documents", type=count, default=0,
