@@ -69,6 +69,13 @@ Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are
 same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
 are not what a draft-side policy needs.
 
+Choosing among several drafts is covered too: "whether position ``i`` is proposed" includes
+*which* draft proposes it, and ``q_i`` is then that draft's row. So a rule may pick, from
+``(x, H)`` and the proposals of deterministic drafts (functions of ``x``), which draft runs, and
+cut a stochastic draft's chain before ``t_i`` from its rows ``q_{<=i}`` and ``t_{<i}``; it may not
+pick between drafts after a stochastic one's tokens are drawn, on their values (the second
+failure below). :mod:`specverify.decoding.planner` is such a rule, with its own tests.
+
 Tree rounds (the draft returns a tree; K is its depth) are exact by the same argument one level
 up: the depth is chosen from ``(x, H)`` before drafting, and :func:`specverify.accept_tree` (or
 ``verify_tree_greedy``) emits the target's law for any tree built from the prefix and draft-side

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -401,7 +401,8 @@ class Planner:
         if len(tokens) == 0:  # the gate stopped before drawing t_1, on q_1 alone: fall back
             self.history[c.name].observe(RoundRecord(limit, 0, 0, math.nan, math.nan))  # a draft-side fact
             return self._use(gate.fallback)
-        self._pending = {"candidate": c, "asked": limit, "context": None, "confidences": gate.confidences[: len(tokens)]}
+        self._pending = {"candidate": c, "asked": limit, "context": None,
+                         "confidences": gate.confidences[: len(tokens)]}
         self._note(_Choice(c, len(tokens), gate.tokens, gate.cost))
         return tokens, probs
 

@@ -106,7 +106,8 @@ def _load_model(name: str):
 
 
 def main(argv=None) -> MeasuredCosts:
-    parser = argparse.ArgumentParser(prog="python -m specverify.integrations.calibrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specverify.integrations.calibrate",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="'smollm2' or a transformers model name or path")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as the decoder will run (default 1)")
     parser.add_argument("--max-tokens", type=int, default=17, help="longest target pass timed, in tokens")

@@ -26,7 +26,7 @@ import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 __all__ = ["MeasuredCosts", "load_costs", "save_costs", "cost_cache_path", "machine_name"]
 

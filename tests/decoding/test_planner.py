@@ -220,8 +220,8 @@ def test_planner_proposes_the_whole_reliable_lookup_and_a_short_cheap_chain():
     tokens, _ = planner(torch.tensor([1, 2]), 4)
     assert tokens.tolist() == [5, 6, 7, 8] and planner.last_choice[:2] == ("lookup", 4)
     # lookup has nothing: the confident chain is drafted, and stopped by its own rows, not by k
-    planner = Planner([Candidate("chain", confident_chain(0.6)), Candidate("lookup", lookup_of([]), deterministic=True)],
-                      costs, k_max=4, explore_every=0)
+    planner = Planner([Candidate("chain", confident_chain(0.6)),
+                       Candidate("lookup", lookup_of([]), deterministic=True)], costs, k_max=4, explore_every=0)
     tokens, _ = planner(torch.tensor([1, 2]), 4)
     assert planner.last_choice[0] == "chain" and 1 <= tokens.numel() < 4
     expected = law.speedup([0.6, 0.6], c=[0.2, 0.3], target_cost=costs)  # the law's view of the length chosen

@@ -4,7 +4,6 @@ of whole continuations, alpha = 1e-6, fixed seeds) with the planner choosing
 among the lookup, the learned chain gated position by position (through LearnedDraft's ``gate``) and
 nothing; greedy output equals plain greedy decoding of the target."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,9 +12,9 @@ pytest.importorskip("transformers")
 import specverify as sv  # noqa: E402
 from specverify import law, stats as st  # noqa: E402
 from specverify.integrations import planned  # noqa: E402
-from specverify.integrations.transformers import CausalLMTarget, PromptLookupDraft, Sampling  # noqa: E402
+from specverify.integrations.transformers import PromptLookupDraft  # noqa: E402
 
-from test_learned_draft import ALPHA, LENGTH, PROMPT, RUNS, _continuation_counts, tiny  # noqa: E402,F401
+from test_learned_draft import ALPHA, PROMPT, RUNS, _continuation_counts, tiny  # noqa: E402,F401
 
 # a CPU's shape: the 2-token pass dearest per token; a learned draft row ~0.1 of a pass
 COSTS = law.MeasuredCosts((1.0, 1.3, 1.35, 1.4), {"lookup": (0.0, 0.0), "learned": (0.1, 0.2)})
