@@ -178,7 +178,10 @@ class Planner:
 
     Use it as ``SpeculativeDecoder(Planner([...], costs), target_step, k="auto")``.
 
-    candidates : sequence of :class:`Candidate` (distinct names)
+    Parameters
+    ----------
+    candidates : sequence of :class:`Candidate`
+        The ways a round may propose (distinct names).
     costs : :class:`specverify.law.MeasuredCosts` or None
         ``T(n)`` and each candidate's ``D(k)`` (by its name; a name not measured is timed
         online). ``None``: every cost is learned from this planner's timings (``clock``): a
@@ -190,9 +193,12 @@ class Planner:
         Every ``explore_every``-th round (0: never) runs the best gated or history-valued
         candidate even where another looks better, so that its history does not freeze on the
         prior's first verdict (a gated chain still stops where its own rows say).
-    prior_rate, prior_strength, decay, context_weight : as :class:`~specverify.adaptive.AdaptiveK`
-        (each candidate's history is one).
-    reliability : callable returning a fresh :class:`Reliability`, one per gated candidate.
+    prior_rate, prior_strength, decay, context_weight : float
+        As :class:`~specverify.adaptive.AdaptiveK`'s (each candidate's history is one).
+    reliability : callable
+        Returns a fresh :class:`Reliability`, one per gated candidate.
+    clock : callable
+        Seconds, for the draft calls' timings when costs are learned online.
 
     ``last_choice`` is the latest round's ``(name or None, k, rate)``; ``choices`` counts rounds
     per candidate name (``None``: nothing proposed). Not thread-safe (one decoder at a time).

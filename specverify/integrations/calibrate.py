@@ -114,7 +114,7 @@ def main(argv=None) -> MeasuredCosts:
     parser.add_argument("--max-draft", type=int, default=8, help="longest draft call timed, in tokens")
     parser.add_argument("--prefix", type=int, default=200, help="cached prefix length, in tokens")
     parser.add_argument("--repeats", type=int, default=5, help="timings per length (the least is kept)")
-    parser.add_argument("--learned", action="store_true", help="also time the shipped learned draft")
+    parser.add_argument("--learned", action="store_true", help="also time the shipped learned draft (chain and tree)")
     parser.add_argument("--fast-linears", action="store_true", help="time with use_fast_linears and grouped attention")
     parser.add_argument("--out", default=None, help="cost file to write (default: the user cache)")
     args = parser.parse_args(argv)
@@ -128,10 +128,12 @@ def main(argv=None) -> MeasuredCosts:
         use_grouped_attention(model)
     target = CausalLMTarget(model)
     drafts = {"lookup": PromptLookupDraft()}
-    if args.learned:
-        from .learned_draft import LearnedDraft, load
+    if args.learned:  # named as integrations.planned's candidates
+        from .learned_draft import LearnedDraft, LearnedTreeDraft, load
 
-        drafts["learned"] = LearnedDraft(load(model), target)
+        head = load(model)
+        drafts["learned"] = LearnedDraft(head, target)
+        drafts["learned_tree"] = LearnedTreeDraft(head, target)
     key = args.model + ("-fast" if args.fast_linears else "")
     costs = calibrate(model, drafts, max_tokens=args.max_tokens, max_draft=args.max_draft, prefix_len=args.prefix,
                       repeats=args.repeats, target=target, generator=torch.Generator().manual_seed(0),

@@ -10,7 +10,7 @@ tree, or nothing, whichever has the most expected tokens per unit of measured co
     SpeculativeDecoder(draft, target, k="auto", greedy=True).generate(ids, max_new=128)
 
 The costs' draft names are the candidates' names: ``"lookup"``, ``"learned"``, ``"learned_tree"``
-(what ``python -m specverify.integrations.calibrate --learned`` measures, but the tree).
+(what ``python -m specverify.integrations.calibrate --learned`` measures).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ proposals every round, ``D(m) = c m`` and ``T = 1`` give Leviathan et al.'s Thm 
 ``f(K) = (1 - a^{K+1}) / ((1 - a)(K c + 1))``.
 
 One module per law: :mod:`~specverify.law.chain`, :mod:`~specverify.law.block`,
-:mod:`~specverify.law.tree`, ``speedup`` (whose name here is its function), and :mod:`~specverify.law.costs` (the measured
+:mod:`~specverify.law.tree`, ``speedup`` (whose name here is its function), and ``costs`` (the measured
 ``D`` and ``T`` the speed-up takes, cached per machine); every name is also here.
 """
 
