@@ -364,6 +364,10 @@ class Planner:
             limit = min(k, c.k_max)
             context = self._context(c, prefix)
             drafted = self._timed(c, lambda: limit, lambda: c.draft(prefix.clone(), limit))
+            if (drafted.probs if isinstance(drafted, DraftTree) else drafted[1]) is not None:
+                # drawn tokens valued after drawing would be chosen on their values: not exact
+                raise ValueError(f"candidate {c.name!r} is deterministic but its draft returned probs: a "
+                                 f"deterministic proposal is a point mass (probs None), a function of the prefix")
             base += self.draft_cost(c, limit)
             options.append((c, context, drafted))
         nothing = _Choice(None, 0, 1.0, base + 1.0)
@@ -406,7 +410,7 @@ class Planner:
         tokens, probs = self._timed(c, lambda: gate.rows, lambda: c.draft(prefix.clone(), limit, gate=gate))
         if len(tokens) == 0:  # the gate stopped before drawing t_1, on q_1 alone: fall back
             self.history[c.name].observe(RoundRecord(limit, 0, 0, math.nan, math.nan))  # a draft-side fact
-            return self._use(gate.fallback)
+            return self._use(gate.fallback or max(fallbacks, key=lambda ch: ch.rate))  # (no row: no gate call)
         self._pending = {"candidate": c, "asked": limit, "context": None,
                          "confidences": gate.confidences[: len(tokens)]}
         self._note(_Choice(c, len(tokens), gate.tokens, gate.cost))

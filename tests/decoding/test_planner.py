@@ -293,6 +293,8 @@ def test_bad_arguments_name_themselves():
         Planner([Candidate("x", step)], prior_rate=1.5)
     with pytest.raises(ValueError, match="bins"):
         Reliability(bins=0)
+    with pytest.raises(ValueError, match="candidate 'x' is deterministic but its draft returned probs"):
+        Planner([Candidate("x", lambda p, k: ([1], [[0.5, 0.5]]), deterministic=True)])(torch.tensor([0]), 1)
     target, draft = bigram_pair(0, 5)
     with pytest.raises(ValueError, match="k must be 'auto'"):
         sv.SpeculativeDecoder(Planner([Candidate("x", step)]), markov_callbacks(target, draft, None)[1], k=4)
