@@ -475,7 +475,7 @@ class LearnedDraft(_PairCache):
                 row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
                 total = row.sum()
                 top = float(row.max() / total) if tops else 1.0
-            if floor and path * top < floor or gate is not None and not gate(i, path, top):  # before t_i is drawn: exact
+            if floor and path * top < floor or gate is not None and not gate(i, path, top):  # before t_i is drawn
                 drawn = i
                 break
             if not self.greedy:
