@@ -69,6 +69,13 @@ Decisions that look at ``p_i`` as a function of the tokens before ``i`` only are
 same proof (``p_i`` is a function of ``(x, t_{<i})``), but they cost a target pass to compute and
 are not what a draft-side policy needs.
 
+Choosing among several drafts is covered too: "whether position ``i`` is proposed" includes
+*which* draft proposes it, and ``q_i`` is then that draft's row. So a rule may pick, from
+``(x, H)`` and the proposals of deterministic drafts (functions of ``x``), which draft runs, and
+cut a stochastic draft's chain before ``t_i`` from its rows ``q_{<=i}`` and ``t_{<i}``; it may not
+pick between drafts after a stochastic one's tokens are drawn, on their values (the second
+failure below). :mod:`specverify.decoding.planner` is such a rule, with its own tests.
+
 Tree rounds (the draft returns a tree; K is its depth) are exact by the same argument one level
 up: the depth is chosen from ``(x, H)`` before drafting, and :func:`specverify.accept_tree` (or
 ``verify_tree_greedy``) emits the target's law for any tree built from the prefix and draft-side
@@ -536,12 +543,10 @@ class AdaptiveK:
             counts[:] = [self.rounds, *(v * f for v in counts[1:])]
         return counts
 
-    def draft_length(self, limit: int, context: Optional[int] = None) -> int:
-        hi = min(self.k_max, limit)
-        costs = self._cost_lists()
-        if costs is None:  # no timings yet: a short first round measures the costs
-            return min(max(self.k_min, 1), hi)
-        d, t = costs
+    def survival(self, context: Optional[int] = None) -> Tuple[list, list]:
+        """``(survival, proposed)``, two ``[k_max]`` lists: the estimated ``P(N >= i) =
+        prod_{j<=i} g_j a_j`` and ``P(M >= i) = prod_{j<=i} g_j`` of a round asking ``k_max``,
+        position 1's rates taken in ``context`` (see the class docstring) when one is given."""
         g = self._posterior(self.proposed_at, self.asked_at, 1.0 - 1e-3)
         a = self._posterior(self.passed, self.tried, self.prior_rate)
         if context is not None:  # position 1 in this context: its counts, shrunk to its record,
@@ -560,11 +565,20 @@ class AdaptiveK:
             q *= g_i * a_i
             proposed.append(p)
             survival.append(min(q, p))
+        return survival, proposed
+
+    def draft_length(self, limit: int, context: Optional[int] = None) -> int:
+        hi = min(self.k_max, limit)
+        costs = self._cost_lists()
+        if costs is None:  # no timings yet: a short first round measures the costs
+            return min(max(self.k_min, 1), hi)
+        d, t = costs
+        survival, proposed = self.survival(context)
         if self.tree_draft:
             # A tree asked for depth K scores its nodes, not K + 1 tokens: its pass costs
-            # _tree_pass_costs()[K - 1] (1 + nodes per level x expected depth reached, which
+            # tree_pass_costs()[K - 1] (1 + nodes per level x expected depth reached, which
             # already counts how often levels are proposed), entered as the law's T(K + 1).
-            t, proposed = [1.0, *self._tree_pass_costs().tolist()], [1.0] * self.k_max
+            t, proposed = [1.0, *self.tree_pass_costs().tolist()], [1.0] * self.k_max
         curve = _speedup_values(survival, proposed, d, t)  # [k_max + 1] f(0..k_max)
         self.last_curve = np.array(curve)
         lo = min(self.k_min, hi)
@@ -580,15 +594,16 @@ class AdaptiveK:
         (1, a chain, before any tree is seen)."""
         return self.tree_nodes / self.tree_depth if self.tree_depth > 0.0 else 1.0
 
-    def _tree_pass_costs(self) -> np.ndarray:
+    def tree_pass_costs(self, target_costs: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
         """``[k_max]`` the target pass of a tree round asked for depth K = 1..k_max, relative to a
         one-token pass: ``T(1 + E[N | K])`` with ``E[N | K] = width * sum_{i<=K} P(depth >= i)``
         (the expected depth reached, from the proposal rates, times the nodes per level), T
-        interpolated between token counts."""
+        interpolated between token counts. ``target_costs``: ``T`` at an array of counts (default:
+        this policy's cost model or fitted timings)."""
         reached = np.cumsum(np.cumprod(self.proposal_rates()))  # [k_max] E[depth | K]
         counts = 1.0 + self.tree_width() * reached
         grid = np.arange(1, int(np.ceil(counts.max())) + 1)  # token counts 1..max
-        t = self._target_costs(grid)
+        t = (target_costs or self._target_costs)(grid)
         return np.interp(counts, grid, t) / t[0]
 
     def observe(self, r: RoundRecord) -> None:

@@ -37,6 +37,7 @@ import torch
 from ..kernels import _inputs
 from ..verify import accept, accept_block, accept_tree, verify_greedy, verify_tree_greedy
 from .adaptive import AdaptiveK, FixedK, RoundRecord, ask_policy, confidence_cut, draft_hindsight, takes_keyword
+from .planner import Planner
 from .tree_drafts import DraftTree
 
 __all__ = ["SpeculativeDecoder", "DecodeStats"]
@@ -157,7 +158,10 @@ class SpeculativeDecoder:
         maximizes the modelled speed-up, learned from past rounds and this decoder's timings;
         with a tree draft, K is the tree's depth and a round is priced by the nodes it scores).
         Or any policy of :mod:`specverify.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
-        ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. A
+        ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. With a
+        :class:`~specverify.decoding.planner.Planner` as ``draft_step``, ``"auto"`` makes the
+        planner the policy too: each round proposes the candidate and length (or nothing) with
+        the most expected tokens per unit of measured cost. A
         ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
         ``stop(i, confidence) -> bool`` and should stop after token ``i`` when it says so;
         otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
@@ -234,10 +238,14 @@ class SpeculativeDecoder:
     ):
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
+        planning = isinstance(draft_step, Planner)
         if isinstance(k, str):
             if k != "auto":
                 raise ValueError(f"k must be a positive integer, 'auto' or a policy, got {k!r}")
-            k = AdaptiveK()
+            k = draft_step if planning else AdaptiveK()
+        elif planning and k is not draft_step:
+            raise ValueError(f"k must be 'auto' when draft_step is a Planner (it chooses each round's proposal; "
+                             f"its k_max caps the length), got {k!r}")
         elif not hasattr(k, "draft_length"):
             k = FixedK(k)  # k is checked there: an integer >= 1
         self.policy = k

@@ -503,7 +503,10 @@ class LearnedDraft(_PairCache):
     The decision reads the tokens before ``i`` and the row ``q_i``, never ``t_i`` itself, so
     verification stays exact (:mod:`specverify.decoding.adaptive`'s claim); unlike the policy's
     ``stop``, which keeps the token it stops after, the gate can leave a round without a draft,
-    where a proposal that will most likely be rejected would cost more than it gains. Counters:
+    where a proposal that will most likely be rejected would cost more than it gains. ``gate(i,
+    path, top) -> bool`` (a :class:`~specverify.decoding.planner.Planner`'s position-by-position
+    rule, with ``path = q_1(t_1) ... q_{i-1}(t_{i-1})`` and ``top = max q_i``): asked before each
+    ``t_i`` is drawn, the proposal ends where it says False, like ``min_confidence``. Counters:
     ``steps`` (draft forwards), ``proposed`` (tokens), ``empty`` (calls the gate left without a
     token); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at
     a time, as the target).
@@ -517,7 +520,7 @@ class LearnedDraft(_PairCache):
         self.empty = 0
 
     @torch.inference_mode()
-    def __call__(self, prefix: torch.Tensor, k: int, stop=None):
+    def __call__(self, prefix: torch.Tensor, k: int, stop=None, gate=None):
         seq = torch.as_tensor(prefix).reshape(-1).to(torch.int64)
         n = seq.numel()
         if n < 2:  # a pair needs a token after a position
@@ -528,20 +531,21 @@ class LearnedDraft(_PairCache):
         tokens = torch.empty(k, dtype=torch.int64)
         probs = None if self.greedy else torch.zeros(k, self.vocab_size, dtype=torch.float32)
         logits = torch.empty(k, z.numel())
-        gate = self.min_confidence
+        floor = self.min_confidence
+        tops = floor or gate is not None  # whether max q_i is needed
         path = 1.0  # q_1(t_1) ... q_i(t_i): the draft's probability of the tokens drafted so far
         drawn = k
         for i in range(k):
             logits[i] = z
             if self.greedy:
                 j = int(torch.argmax(z))
-                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None or gate else 1.0
+                confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None or tops else 1.0
                 top = confidence
             else:
                 row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
                 total = row.sum()
-                top = float(row.max() / total) if gate else 1.0
-            if gate and path * top < gate:  # decided before t_i is drawn: exact
+                top = float(row.max() / total) if tops else 1.0
+            if floor and path * top < floor or gate is not None and not gate(i, path, top):  # before t_i is drawn
                 drawn = i
                 break
             if not self.greedy:
@@ -553,7 +557,7 @@ class LearnedDraft(_PairCache):
             if stop is not None and stop(i, confidence):
                 drawn = i + 1
                 break
-            if gate and path < gate:  # no later position can pass: skip the draft step
+            if floor and path < floor:  # no later position can pass: skip the draft step
                 drawn = i + 1
                 break
             if i + 1 < k:  # the next pair: the draft's own feature and the token just drafted

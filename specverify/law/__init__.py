@@ -42,12 +42,14 @@ proposals every round, ``D(m) = c m`` and ``T = 1`` give Leviathan et al.'s Thm 
 ``f(K) = (1 - a^{K+1}) / ((1 - a)(K c + 1))``.
 
 One module per law: :mod:`~specverify.law.chain`, :mod:`~specverify.law.block`,
-:mod:`~specverify.law.tree`, ``speedup`` (whose name here is its function); every name is also here.
+:mod:`~specverify.law.tree`, ``speedup`` (whose name here is its function), and ``costs`` (the measured
+``D`` and ``T`` the speed-up takes, cached per machine); every name is also here.
 """
 
 from .block import BlockLaw, block_gain, block_survival, block_survival_markov, survival_pmf, token_survival, token_survival_markov
 from .chain import (acceptance_rates, accepted_length_pmf, expected_tokens_per_round, mean_accepted,
                     mean_accepted_homogeneous, total_variation, var_accepted)
+from .costs import MeasuredCosts, cost_cache_path, load_costs, machine_name, save_costs
 from .speedup import Optimum, optimal_k, optimal_k_continuous, speedup, speedup_curve
 from .tree import (TREE_RULES, child_acceptance, depth_pmf, node_rule, optimal_multidraft_acceptance, rrs_acceptance,
                    tree_children, tree_depths, tree_length_pmf, tree_node_probabilities)
@@ -82,5 +84,10 @@ __all__ = [
     "optimal_k",
     "optimal_k_continuous",
     "Optimum",
+    "MeasuredCosts",
+    "load_costs",
+    "save_costs",
+    "cost_cache_path",
+    "machine_name",
 ]
 

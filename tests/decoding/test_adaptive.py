@@ -158,7 +158,7 @@ def test_tree_rounds_learn_their_width_and_long_passes_from_timings():
     # (never timed here: every round drafted, so it is priced as the shortest pass timed, as for chains)
     # (the counts fall a hair below the timed 4, 7, 10, 13 tokens: interpolation moves them 1e-4)
     unit = policy.target_fit(np.array([1]))[0]
-    np.testing.assert_allclose(policy._tree_pass_costs(), seconds(1 + 3 * reached) / unit, rtol=1e-3)
+    np.testing.assert_allclose(policy.tree_pass_costs(), seconds(1 + 3 * reached) / unit, rtol=1e-3)
 
 
 def test_cost_curve_follows_a_step_and_prices_unseen_lengths_optimistically():
