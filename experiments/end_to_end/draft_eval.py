@@ -39,7 +39,8 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup"
            "sv_greedy_learned", "sv_greedy_learned_tree", "sv_greedy_hybrid", "sv_greedy_hybrid_auto",
            "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated", "sv_sample_learned", "sv_sample_learned_block",
            "sv_sample_learned_tree", "sv_sample_learned_drawn_tree", "sv_sample_learned_iid_tree",
-           "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto"]
+           "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto", "sv_greedy_planned", "sv_greedy_planned_tree",
+           "sv_sample_planned", "sv_sample_planned_block"]
 PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
@@ -305,7 +306,11 @@ def write_table(summary, speed, meta, out_path, command):
                   "assisted generation with real_model's early-exit draft (the target's first `ee_layers` layers); `_auto`: AdaptiveK chooses "
                   "each round's K (0 to K) from the rounds before; `_drawn_tree` / `_iid_tree`: the learned tree's "
                   "children drawn without / with replacement, verified by recursive rejection sampling / SpecInfer's "
-                  "rule (the other trees: top-k children, sample-and-match)."]
+                  "rule (the other trees: top-k children, sample-and-match); `_planned`: each round the planner "
+                  "(`specverify.decoding.planner`) proposes prompt lookup's copy, the learned chain (`_tree`: or the "
+                  "learned tree) or nothing, by expected tokens per cost, K up to K; its costs: "
+                  f"{meta.get('planner_costs', 'learned online')} (`python -m specverify.integrations.calibrate "
+                  "--learned --fast-linears`), a new planner per prompt."]
     Path(out_path).write_text("\n".join(lines) + "\n")
 
 
@@ -383,8 +388,14 @@ def plot(out_dir, out_path=None):
 
 
 def _by_kind(info) -> str:
+    """`` (365,614 answers, of them 197,548 trained on, ...)``: tokens per kind of data (``<kind>_trained``:
+    the answer tokens the losses were taken on; the rest of a sequence is its prompt, context only)."""
     kinds = info.get("tokens_by_kind")
-    return " (" + ", ".join(f"{n:,} {kind}" for kind, n in kinds.items()) + ")" if kinds else ""
+    if not kinds:
+        return ""
+    return " (" + ", ".join(f"{n:,} {kind}" + (f", of them {kinds[kind + '_trained']:,} trained on"
+                                                 if kind + "_trained" in kinds else "")
+                            for kind, n in kinds.items() if not kind.endswith("_trained")) + ")"
 
 
 def _cpu_name() -> str:
@@ -518,6 +529,11 @@ def main(argv=None):
     model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
     head = learned_draft.load(model, args.weights)
     params["_head"] = head
+    from specverify import law
+
+    cost_file = law.cost_cache_path("smollm2", threads=1)
+    params["_costs"] = law.load_costs(cost_file)  # the planner's costs: calibrated here, or learned online (None)
+    print(f"planner costs: {cost_file if params['_costs'] is not None else 'none cached: learned online'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     sample = dict(temperature=0.7, top_k=0, top_p=0.9)
     records, coverage = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
@@ -535,6 +551,7 @@ def main(argv=None):
         for s in speed:
             print(s)
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
+                planner_costs=str(cost_file) if params["_costs"] is not None else "learned online",
                 min_confidence=params["min_confidence"],
                 loadavg_before=load_before, loadavg_after=os.getloadavg())
     paths.write_json(out_dir / "meta.json", dict(meta, summary=summary, speed=speed))

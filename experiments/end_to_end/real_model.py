@@ -265,8 +265,8 @@ class _PassCounter:
 
 
 def _learned(config) -> bool:
-    """Whether a config drafts with the learned draft (``_learned``, ``_hybrid`` configs)."""
-    return "_learned" in config or "_hybrid" in config
+    """Whether a config drafts with the learned draft (``_learned``, ``_hybrid``, ``_planned`` configs)."""
+    return "_learned" in config or "_hybrid" in config or "_planned" in config
 
 
 def _draft_name(config, p) -> str:
@@ -274,6 +274,8 @@ def _draft_name(config, p) -> str:
         return "lookup"
     if "_hybrid" in config:
         return "lookup+learned"
+    if "_planned" in config:
+        return "planner(lookup, learned" + (", learned tree)" if config.endswith("_tree") else ")")
     if "_learned" in config:
         return "learned"
     return "early_exit_%d" % p["ee_layers"] if "ee" in config else ""
@@ -290,6 +292,12 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
 
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
     generator = torch.Generator().manual_seed(p["seed"])
+    if "_planned" in config:  # the planner over lookup, the learned chain (and tree): k="auto"
+        from specverify.integrations.planned import planned_callbacks
+
+        return planned_callbacks(model, p["_head"], costs=p.get("_costs"), greedy=greedy, generator=generator,
+                                 tree=config.endswith("_tree"), node_budget=p["node_budget"], k_max=p.get("k_learned", 4),
+                                 **sample)
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
         from specverify.integrations.learned_draft import learned_callbacks
 
@@ -321,7 +329,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         return dict(row, config=config, linears="torch")
     name, torch_warp = (config[:-len(TORCH_WARP)], True) if config.endswith(TORCH_WARP) else (config, False)
     name, auto = (name[:-len(AUTO)], True) if name.endswith(AUTO) else (name, False)
-    tree = name.endswith("_tree")
+    tree = name.endswith("_tree") and "_planned" not in name  # a planner's tree is one of its candidates
     mode = "sample" if "sample" in config else "greedy"
     row = dict(config=config, mode=mode, linears=p["linears"], **(sample if mode == "sample" else {}),
                warp="" if mode == "greedy" else ("torch" if torch_warp else "transformers" if name == "hf_sample"
@@ -365,7 +373,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
                     step.sampling = _torch_warp_sampling(step.sampling)
         if passes is not None:
             target_step = _timed(target_step, passes)
-        k = row["k"]
+        k = "auto" if "_planned" in name else row["k"]
         if auto:  # one policy per config over the run (p["_policies"], set by _run_prompts)
             from specverify.adaptive import AdaptiveK
 
