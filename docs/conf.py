@@ -224,8 +224,7 @@ def _skip_member(app, what, name, obj, skip, options):
     return skip
 
 
-# Old module paths (ARCHITECTURE.md, "Old paths") are aliases of the new modules, and docstrings
-# name objects the way Python reaches them from where the docstring is written
+# Docstrings name objects the way Python reaches them from where the docstring is written
 # (``specverify.reference.row_mass``, re-exported from ``reference.primitives``; ``DecodeStats``
 # inside the decoder's module, whose class is documented as ``specverify.SpeculativeDecoder``). A
 # cross-reference that names no documented entry resolves to the entry of the same Python object

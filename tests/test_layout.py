@@ -1,50 +1,21 @@
-"""The house's shape: a folder per job, imports in one direction, the old paths still working.
+"""The house's shape: a folder per job, imports in one direction, one name per module.
 
 The import graph is read statically (``ast``) from every module of ``specverify`` and
 ``experiments``, lazy imports inside functions included: any cycle between two modules, or between
-two folders of ``specverify``, fails.  The old module paths (aliases) must resolve to the very
-module objects of the new layout.
+two folders of ``specverify``, fails.
 """
 
 import ast
-import importlib
-import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # specverify's folders, lowest first: a folder may import only from folders before it.
 LAYERS = ["law", "reference", "kernels", "verify", "stats", "decoding", "integrations", "testing"]
-ALIASES = {
-    "specverify.ops": "specverify.verify",
-    "specverify.batch": "specverify.verify.batch",
-    "specverify.adaptive": "specverify.decoding.adaptive",
-    "specverify.decoder": "specverify.decoding.decoder",
-    "specverify.tree_drafts": "specverify.decoding.tree_drafts",
-    "specverify.reference_tree": "specverify.reference.tree",
-    "specverify.reference_warp": "specverify.reference.warp",
-    "specverify.hub": "specverify.integrations.hub",
-    "experiments.convergence": "experiments.law.convergence",
-    "experiments.sweep": "experiments.law.sweep",
-    "experiments.bench": "experiments.benchmarks.ops",
-    "experiments.bench_batch": "experiments.benchmarks.batch",
-    "experiments.real_model": "experiments.end_to_end.real_model",
-    "experiments.choose_k": "experiments.end_to_end.choose_k",
-}
-ALIAS_FILES = {"hub.py", "ops.py", "batch.py", "adaptive.py", "decoder.py", "tree_drafts.py", "reference_tree.py",
-               "reference_warp.py"}
 
 
 def module_name(path):
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def is_alias(path):
-    top = path.parent.name in ("specverify", "experiments")
-    text = path.read_text()
-    return top and ("from ._alias import alias" in text or (path.name in ALIAS_FILES and "sys.modules[__name__]" in text))
 
 
 def imports_of(path):
@@ -67,7 +38,7 @@ def imports_of(path):
 
 def graph():
     files = [p for top in ("specverify", "experiments") for p in (ROOT / top).rglob("*.py")
-             if "__pycache__" not in p.parts and not is_alias(p)]
+             if "__pycache__" not in p.parts]
     modules = {module_name(p): p for p in files}
     edges = {}
     for name, path in modules.items():
@@ -135,12 +106,6 @@ def test_specverify_folders_import_downwards_only():
             if there in LAYERS and there != here and LAYERS.index(there) > LAYERS.index(here):
                 bad.append(f"{name} -> {t}")
     assert not bad, "a lower folder imports a higher one:\n" + "\n".join(sorted(bad))
-
-
-@pytest.mark.parametrize("old,new", sorted(ALIASES.items()))
-def test_old_paths_are_the_new_modules(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
-    assert sys.modules[old] is sys.modules[new]
 
 
 def test_test_basenames_are_unique():

@@ -1,6 +1,6 @@
 """Write a Hugging Face ``kernels`` repository from the installed (compiled) specverify package.
 
-    python -m specverify.hub build [--out DIR] [--arch]
+    python -m specverify.integrations.hub build [--out DIR] [--arch]
 
 so that the seed's call works offline against the local build::
 
@@ -74,7 +74,7 @@ DEFAULT_OUT = Path("build") / "hub"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _PACKAGE = _PACKAGE_DIR.name  # "specverify"
-_EXCLUDED = {"integrations/hub.py", "hub.py"}  # the build tool (and its old path) is not part of the kernel
+_EXCLUDED = {"integrations/hub.py"}  # the build tool is not part of the kernel
 _EXCLUDED_DIRS = {"testing"}  # the validation harness is a tool for tests, not part of the kernel
 
 
@@ -207,7 +207,7 @@ def build(out: Path = DEFAULT_OUT, *, arch: bool = False, package_dir: Path = _P
 
 
 def main(argv: Sequence[str] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specverify.hub", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specverify.integrations.hub", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="write a kernels repository (build/<variant>/...) into --out")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")

@@ -1,6 +1,6 @@
 """Hugging Face ``transformers`` causal LMs as :class:`specverify.SpeculativeDecoder` callbacks.
 
-Terms (as in :mod:`specverify.decoder`)::
+Terms (as in :mod:`specverify.decoding.decoder`)::
 
     prefix      [L]       int64, the whole sequence so far (prompt + emitted tokens)
     draft_step(prefix, k)         -> tokens [k] int64, probs [k, V] float32 or None
@@ -440,7 +440,7 @@ class CachedCausalLM:
     def tree_logits(self, prefix: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N + 1, V]`` of a draft tree after ``prefix`` ``[L]``, in one forward.
 
-        ``tokens [N]``, ``parents [N]`` as in :mod:`specverify.tree_drafts`. Row 0 predicts the
+        ``tokens [N]``, ``parents [N]`` as in :mod:`specverify.decoding.tree_drafts`. Row 0 predicts the
         token after ``prefix``, row ``i + 1`` the token after ``prefix`` + node ``i``'s path. The
         fed block is ``prefix[keep:]`` (at least its last token) followed by the ``N`` nodes;
         its mask lets the prefix tokens attend causally and each node attend to the whole prefix,
@@ -579,7 +579,7 @@ class CausalLMDraft:
         return self.sampling.greedy
 
     def __call__(self, prefix: torch.Tensor, k: int, stop=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """``stop(i, confidence) -> bool`` (a draft-side rule, see :mod:`specverify.adaptive`): after
+        """``stop(i, confidence) -> bool`` (a draft-side rule, see :mod:`specverify.decoding.adaptive`): after
         drawing token ``i``, with ``confidence`` its probability under the draft (softmax of the
         logits in greedy mode), stop drafting if it says so; the token is kept."""
         with self.lm.exclusive():  # held across the k forwards: another thread would refetch the prefix each time
@@ -646,7 +646,7 @@ class PromptLookupDraft:
 
     def context(self, prefix: torch.Tensor) -> int:
         """What kind of proposal comes next, known from the prefix alone: the draft-side context
-        :class:`specverify.adaptive.AdaptiveK` estimates the first draft's rates by.
+        :class:`specverify.decoding.adaptive.AdaptiveK` estimates the first draft's rates by.
 
         ``n``, the order of the match the proposal copies from (0: none, nothing proposed), plus
         ``max_ngram`` when the match is *contradicted*: the n-gram's most recent earlier
@@ -667,7 +667,7 @@ class PromptLookupDraft:
         """The token a proposal from ``prefix`` would start with, without drafting (``None``:
         nothing to propose). The decoder asks it in rounds that draft nothing, so that a policy
         still learns, in hindsight, whether the draft would have been right there
-        (:attr:`specverify.adaptive.RoundRecord.hindsight`)."""
+        (:attr:`specverify.decoding.adaptive.RoundRecord.hindsight`)."""
         seq = _as_tokens(prefix)
         n, starts = longest_match(seq, self.max_ngram, self.min_ngram)
         return int(seq[starts[0] + n]) if n else None
@@ -697,7 +697,7 @@ class PromptLookupTreeDraft:
     the chain draft's and greedy never accepts less per pass than the chain), then, for ``n`` from
     ``max_ngram`` down to ``min_ngram``, the ``k`` tokens after every earlier occurrence of the
     sequence's last ``n`` tokens, earliest first. They are inserted into a
-    :class:`~specverify.tree_drafts.Trie` (shared prefixes become one path) until ``node_budget``
+    :class:`~specverify.decoding.tree_drafts.Trie` (shared prefixes become one path) until ``node_budget``
     nodes are used. Children are deterministic (``probs=None``): verified exactly by
     sample-and-match, whatever decides what is proposed. Counters: ``candidates`` inserted,
     ``declined`` rounds with a match but no proposal.
@@ -864,7 +864,7 @@ def _check_tree_shape(node_budget, top_k, beam, temperature) -> None:
 def _rerank(tokens: List[int], parents: List[int], scores: List[float], node_budget: int) -> DraftTree:
     """The EAGLE-2 rerank: the ``node_budget`` candidates of highest ``scores`` (log path
     probabilities, so a node scores at most its parent) and their ancestors, as a
-    :class:`~specverify.tree_drafts.DraftTree`. ``tokens``, ``parents``, ``scores``: ``[C]`` per
+    :class:`~specverify.decoding.tree_drafts.DraftTree`. ``tokens``, ``parents``, ``scores``: ``[C]`` per
     candidate, ``parents[c]`` a candidate id ``< c`` or -1 (candidates created after their parents).
     """
     keep = sorted(range(len(tokens)), key=lambda c: -scores[c])[:node_budget]

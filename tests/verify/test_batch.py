@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import batch, law, stats
+from specverify import law, stats
+from specverify.verify import batch
 
 from conftest import EMULATED, random_probability_rows, scaled, softmax_rows
 from test_ops_statistics import ALPHA, law_pvalues, pmf_pvalues
