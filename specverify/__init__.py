@@ -19,7 +19,7 @@ go): ``verify`` (the validated entry points re-exported here), ``kernels`` (the 
 the Hugging Face ``kernels`` build).  Each module has one name, the path of its file.
 """
 
-from . import law, reference, stats, verify
+from . import law, stats, verify
 from .verify import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
                      accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
                      accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, linear,
@@ -52,9 +52,14 @@ __all__ = [
 
 
 def __getattr__(name):
-    # The decoder is imported on first use so `import specverify` stays light.
+    # The decoder is imported on first use so `import specverify` stays light; the references on
+    # first use, so that no production path loads them (tests/test_layout.py).
     if name == "SpeculativeDecoder":
         from .decoding.decoder import SpeculativeDecoder
 
         return SpeculativeDecoder
+    if name == "reference":
+        import importlib
+
+        return importlib.import_module(".reference", __name__)
     raise AttributeError(f"module 'specverify' has no attribute {name!r}")
