@@ -204,7 +204,7 @@ def test_blank_pages_are_rejected(chromium, tmp_path):
 
 # -- The API reference covers the package ------------------------------------------------------------
 # The packages whose page documents every name of their __all__ (docs/conf.py, PACKAGE_PAGES).
-EXPORTING_PACKAGES = ("specverify", "specverify.law", "specverify.testing")
+EXPORTING_PACKAGES = ("specverify", "specverify.law", "specverify.testing", "specverify.integrations.transformers")
 
 
 def public_modules(package_dir=ROOT / "specverify", package="specverify"):

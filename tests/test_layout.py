@@ -10,6 +10,8 @@ Each check has a test of its own on planted examples, so that it can fail.
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 # specverify's folders, lowest first: a folder may import only from folders before it.
 LAYERS = ["_math", "law", "reference", "kernels", "verify", "stats", "decoding", "integrations", "testing"]
@@ -225,6 +227,20 @@ def test_reexport_check_catches_the_old_aliases():
                    "import sys\n\ntry:\n    import torch\nexcept ImportError:\n    torch = None\n",
                    "from .x import y\n\n\nclass A(y):\n    pass\n"):
         assert not is_reexport_only(source), source
+
+
+def test_transformers_package_keeps_its_names():
+    # specverify.integrations.transformers is a package of one module per job; every name it
+    # exported as one module, and the helpers learned_draft.py imports from it, are still there,
+    # each defined in one of its submodules.
+    pytest.importorskip("torch")
+    import importlib
+
+    package = importlib.import_module("specverify.integrations.transformers")
+    helpers = ["_add_children", "_check_tree_shape", "_common_prefix", "_expand", "_rerank"]
+    for name in list(package.__all__) + helpers + ["use_grouped_attention", "GroupedAttention"]:
+        obj = getattr(package, name)
+        assert obj.__module__.startswith(package.__name__ + "."), (name, obj.__module__)
 
 
 def test_test_basenames_are_unique():
