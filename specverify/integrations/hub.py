@@ -11,7 +11,7 @@ so that the seed's call works offline against the local build::
 or ``kernels.get_local_kernel(Path(DIR))``. Layout written (``DIR`` defaults to ``build/hub``)::
 
     DIR/build/torch-cpu/metadata.json
-    DIR/build/torch-cpu/spec_verify/__init__.py, ops.py, law.py, ..., _kernels.<abi-tag>.so
+    DIR/build/torch-cpu/spec_verify/__init__.py, verify/, law/, ..., kernels/_kernels.<abi-tag>.so
     DIR/build/torch-universal/...                     same files, own metadata id
     DIR/build/torch<XY>-cxx11-cpu-<machine>-linux/... only with --arch
 
@@ -190,7 +190,7 @@ def build(out: Path = DEFAULT_OUT, *, arch: bool = False, package_dir: Path = _P
         lines = "\n".join(f"  {f}:{n}: {s}" for f, n, s in bad)
         raise HubBuildError(
             "the kernel package is registered under its metadata id, so it must import itself "
-            f"relatively (`from . import ops`), found absolute imports of {_PACKAGE!r}:\n{lines}")
+            f"relatively (`from . import verify`), found absolute imports of {_PACKAGE!r}:\n{lines}")
 
     digest = content_hash(package_dir, files)
     variants = list(NOARCH_VARIANTS) + ([arch_variant()] if arch else [])
