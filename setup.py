@@ -72,7 +72,7 @@ extensions = [
 
 setup(
     name="specverify",
-    version="0.2.0",
+    version="0.3.0",
     description="Speculative-decoding verification ops for CPUs (greedy and rejection sampling)",
     license="Apache-2.0",
     packages=find_packages(include=["specverify", "specverify.*"]),

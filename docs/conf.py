@@ -143,7 +143,7 @@ import specverify as sv
 # Packages whose page documents the names they export (``__all__``): a submodule's page does not
 # repeat those (its docstring gets a line linking to them instead), so a function added to one of
 # these packages' ``__all__`` appears on the package page with no page edit.
-PACKAGE_PAGES = ("specverify", "specverify.law", "specverify.testing")
+PACKAGE_PAGES = ("specverify", "specverify.law", "specverify.testing", "specverify.integrations.transformers")
 _current_module = [None]   # the module autodoc is documenting (its docstring comes before its members)
 
 
@@ -224,8 +224,7 @@ def _skip_member(app, what, name, obj, skip, options):
     return skip
 
 
-# Old module paths (ARCHITECTURE.md, "Old paths") are aliases of the new modules, and docstrings
-# name objects the way Python reaches them from where the docstring is written
+# Docstrings name objects the way Python reaches them from where the docstring is written
 # (``specverify.reference.row_mass``, re-exported from ``reference.primitives``; ``DecodeStats``
 # inside the decoder's module, whose class is documented as ``specverify.SpeculativeDecoder``). A
 # cross-reference that names no documented entry resolves to the entry of the same Python object

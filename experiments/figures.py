@@ -1,10 +1,10 @@
 """Redraw every figure the README shows, from cached results only.
 
 ``python -m experiments.figures`` reads the results of the default hero run
-(``python -m experiments.convergence``), of the default sweep (``python -m experiments.sweep``) and
-of the default block comparison (``python -m experiments.block``) and writes ``media/hero.gif``,
+(``python -m experiments.convergence``), of the default sweep (``python -m experiments.law.sweep``) and
+of the default block comparison (``python -m experiments.law.block``) and writes ``media/hero.gif``,
 ``media/hero.png``, ``media/sweep.png`` and ``media/block.png``; and, when
-``python -m experiments.speedup`` has been run, ``media/speedup.png``. Nothing is computed
+``python -m experiments.end_to_end.speedup`` has been run, ``media/speedup.png``. Nothing is computed
 here: a missing result is reported with the command that produces it.
 """
 
@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 from . import paths
-from .law.sweep import default_dir as default_sweep_dir  # noqa: F401 (old names)
-from .law.sweep import figure as sweep_figure  # noqa: F401
+from .law.sweep import default_dir as default_sweep_dir
+from .law.sweep import figure as sweep_figure
 
 
 def hero(results_root=None, out_dir=None, frames: int = 60) -> dict:
     """``media/hero.gif`` + ``media/hero.png`` from the default convergence run's results."""
-    from .law import convergence
+    from . import convergence
 
     params = convergence.make_params()
     directory = paths.result_dir(convergence.EXPERIMENT, params, results_root)
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=paths.MEDIA_DIR)
     ap.add_argument("--sweep-dir", type=Path, default=None, help="a sweep results directory (default: the default grid's)")
     ap.add_argument("--block-dir", type=Path, default=None,
-                    help="an experiments.block results directory (default: the default grid's)")
+                    help="an experiments.law.block results directory (default: the default grid's)")
     args = ap.parse_args(argv)
     missing = 0
     try:
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     if (d / "summary.json").exists():
         print(f"wrote {sweep_figure(d, args.out)}")
     else:
-        print(f"no cached sweep results in {d}; run `python -m experiments.sweep`", file=sys.stderr)
+        print(f"no cached sweep results in {d}; run `python -m experiments.law.sweep`", file=sys.stderr)
         missing += 1
     from .law import block
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     if (d / "summary.json").exists():
         print(f"wrote {block.figure(d, args.out)}")
     else:
-        print(f"no cached block results in {d}; run `python -m experiments.block`", file=sys.stderr)
+        print(f"no cached block results in {d}; run `python -m experiments.law.block`", file=sys.stderr)
         missing += 1
     # Choosing K (optional here: its absence does not fail the redraw of the figures above)
     from .end_to_end import speedup
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     if speedup_results.exists():
         print(f"wrote {speedup.plot(speedup_results, args.out / speedup.FIGURE)}")
     else:
-        print(f"no cached speed-up results in {speedup_results.parent}; run `python -m experiments.speedup`",
+        print(f"no cached speed-up results in {speedup_results.parent}; run `python -m experiments.end_to_end.speedup`",
               file=sys.stderr)
     return 1 if missing else 0
 

@@ -197,7 +197,7 @@ ACCEPTANCE_COLORS = {0.5: "#d62728", 0.7: "#1f77b4", 0.9: "#2ca02c"}
 
 
 def block_figure(table, *, dpi: int = 100, vocab_main: int = 32000):
-    """Two panels from an ``experiments.block`` table: mean accepted length vs K for both methods
+    """Two panels from an ``experiments.law.block`` table: mean accepted length vs K for both methods
     (law lines, empirical points ±2 s.e.) at ``vocab_main``, and the gain (block − token-wise) for
     every V.  Each cell is an independent target/draft pair, hence the jagged lines."""
     from matplotlib.lines import Line2D

@@ -16,24 +16,16 @@ The package has a folder per job (``ARCHITECTURE.md`` in the repository says whi
 go): ``verify`` (the validated entry points re-exported here), ``kernels`` (the Cython),
 ``reference``, ``law``, ``decoding`` (the decoder, draft-length policies, draft trees),
 ``testing`` (checking any verifier's losslessness) and ``integrations`` (transformers, SmolLM2,
-the Hugging Face ``kernels`` build).  The old module paths (``specverify.ops``,
-``specverify.batch``, ``specverify.adaptive``, ``specverify.decoder``, ``specverify.tree_drafts``,
-``specverify.reference_tree``, ``specverify.reference_warp``, ``specverify.hub``) are aliases of
-the new modules.
+the Hugging Face ``kernels`` build).  Each module has one name, the path of its file.
 """
 
-from . import law, reference, stats, verify
-from .reference import tree as reference_tree  # noqa: F401 (old name)
-from .reference import warp as reference_warp  # noqa: F401 (old name)
+from . import law, stats, verify
 from .verify import (BATCH_METHODS, accept, accept_block, accept_block_from_uniforms, accept_block_logits,
                      accept_block_logits_from_uniforms, accept_from_uniforms, accept_logits,
                      accept_logits_from_uniforms, accept_tree, accept_tree_from_uniforms, linear,
                      verify_batch, verify_greedy, verify_tree_greedy, warp)
-from .verify import batch  # noqa: F401 (sv.batch: the layouts and converters)
 
-ops = verify  # the old name of the ops module (specverify.ops)
-
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "verify_greedy",
@@ -55,15 +47,19 @@ __all__ = [
     "SpeculativeDecoder",
     "law",
     "reference",
-    "reference_tree",
     "__version__",
 ]
 
 
 def __getattr__(name):
-    # The decoder is imported on first use so `import specverify` stays light.
+    # The decoder is imported on first use so `import specverify` stays light; the references on
+    # first use, so that no production path loads them (tests/test_layout.py).
     if name == "SpeculativeDecoder":
         from .decoding.decoder import SpeculativeDecoder
 
         return SpeculativeDecoder
+    if name == "reference":
+        import importlib
+
+        return importlib.import_module(".reference", __name__)
     raise AttributeError(f"module 'specverify' has no attribute {name!r}")

@@ -204,13 +204,13 @@ def test_blank_pages_are_rejected(chromium, tmp_path):
 
 # -- The API reference covers the package ------------------------------------------------------------
 # The packages whose page documents every name of their __all__ (docs/conf.py, PACKAGE_PAGES).
-EXPORTING_PACKAGES = ("specverify", "specverify.law", "specverify.testing")
+EXPORTING_PACKAGES = ("specverify", "specverify.law", "specverify.testing", "specverify.integrations.transformers")
 
 
 def public_modules(package_dir=ROOT / "specverify", package="specverify"):
     """Dotted names of the package's public modules, from its files: no ``_``-prefixed part (which
-    also leaves out ``__main__``), no alias of an old path (importing it gives another module), and
-    no module shadowed by a function of the same name in its package (``law.speedup``: the name is
+    also leaves out ``__main__``), no module whose import gives another module object, and no
+    module shadowed by a function of the same name in its package (``law.speedup``: the name is
     the function's, the module cannot have an entry of its own)."""
     names = []
     for path in sorted(package_dir.rglob("*.py")):
@@ -222,7 +222,7 @@ def public_modules(package_dir=ROOT / "specverify", package="specverify"):
         name = ".".join(parts)
         module = importlib.import_module(name)
         if module.__name__ != name:
-            continue   # an old path: the same module object as its new name
+            continue   # not a module of its own name
         if len(parts) > 1 and getattr(importlib.import_module(".".join(parts[:-1])), parts[-1], module) is not module:
             continue
         names.append(name)

@@ -1,39 +1,20 @@
-"""The house's shape: a folder per job, imports in one direction, the old paths still working.
+"""The house's shape: a folder per job, imports in one direction, one name per module.
 
 The import graph is read statically (``ast``) from every module of ``specverify`` and
 ``experiments``, lazy imports inside functions included: any cycle between two modules, or between
-two folders of ``specverify``, fails.  The old module paths (aliases) must resolve to the very
-module objects of the new layout.
+two folders of ``specverify``, fails.  No module outside ``reference/`` and ``testing/`` imports
+``specverify.reference``, and no module is only a re-export of another (one name per thing).
+Each check has a test of its own on planted examples, so that it can fail.
 """
 
 import ast
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # specverify's folders, lowest first: a folder may import only from folders before it.
-LAYERS = ["law", "reference", "kernels", "verify", "stats", "decoding", "integrations", "testing"]
-ALIASES = {
-    "specverify.ops": "specverify.verify",
-    "specverify.batch": "specverify.verify.batch",
-    "specverify.adaptive": "specverify.decoding.adaptive",
-    "specverify.decoder": "specverify.decoding.decoder",
-    "specverify.tree_drafts": "specverify.decoding.tree_drafts",
-    "specverify.reference_tree": "specverify.reference.tree",
-    "specverify.reference_warp": "specverify.reference.warp",
-    "specverify.hub": "specverify.integrations.hub",
-    "experiments.convergence": "experiments.law.convergence",
-    "experiments.sweep": "experiments.law.sweep",
-    "experiments.bench": "experiments.benchmarks.ops",
-    "experiments.bench_batch": "experiments.benchmarks.batch",
-    "experiments.real_model": "experiments.end_to_end.real_model",
-    "experiments.choose_k": "experiments.end_to_end.choose_k",
-}
-ALIAS_FILES = {"hub.py", "ops.py", "batch.py", "adaptive.py", "decoder.py", "tree_drafts.py", "reference_tree.py",
-               "reference_warp.py"}
+LAYERS = ["_math", "law", "reference", "kernels", "verify", "stats", "decoding", "integrations", "testing"]
 
 
 def module_name(path):
@@ -41,18 +22,16 @@ def module_name(path):
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def is_alias(path):
-    top = path.parent.name in ("specverify", "experiments")
-    text = path.read_text()
-    return top and ("from ._alias import alias" in text or (path.name in ALIAS_FILES and "sys.modules[__name__]" in text))
-
-
 def imports_of(path):
     """Absolute names of the project modules ``path`` imports (``from . import x`` resolved)."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def imports_in(source, name, is_package=False):
+    """Absolute names of the project modules the source of module ``name`` imports."""
+    package = name if is_package else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -65,10 +44,13 @@ def imports_of(path):
     return {n for n in found if n.split(".")[0] in ("specverify", "experiments")}
 
 
+def project_files():
+    return [p for top in ("specverify", "experiments") for p in (ROOT / top).rglob("*.py")
+            if "__pycache__" not in p.parts]
+
+
 def graph():
-    files = [p for top in ("specverify", "experiments") for p in (ROOT / top).rglob("*.py")
-             if "__pycache__" not in p.parts and not is_alias(p)]
-    modules = {module_name(p): p for p in files}
+    modules = {module_name(p): p for p in project_files()}
     edges = {}
     for name, path in modules.items():
         targets = set()
@@ -137,10 +119,128 @@ def test_specverify_folders_import_downwards_only():
     assert not bad, "a lower folder imports a higher one:\n" + "\n".join(sorted(bad))
 
 
-@pytest.mark.parametrize("old,new", sorted(ALIASES.items()))
-def test_old_paths_are_the_new_modules(old, new):
-    assert importlib.import_module(old) is importlib.import_module(new)
-    assert sys.modules[old] is sys.modules[new]
+# -- Production reads nothing of the references ------------------------------------------------------
+# specverify.reference is the slow statement of what the kernels compute, for the tests to compare
+# against. It may be imported by itself and by specverify.testing (whose harness checks any verifier
+# against the standard rule, and the standard rule is the reference); by nothing else in specverify:
+# math that both a reference and an entry point need lives below both (specverify/_math.py). The
+# package root reaches ``sv.reference`` lazily (on first attribute access), so ``import specverify``
+# loads none of it either.
+REFERENCE_READERS = ("specverify.reference", "specverify.testing")
+
+
+def reference_importers(sources):
+    """Modules of ``sources`` (``{name: (source, is_package)}``) that import specverify.reference
+    and may not, sorted."""
+    def within(name, packages):
+        return any(name == p or name.startswith(p + ".") for p in packages)
+
+    return sorted(name for name, (source, is_package) in sources.items()
+                  if within(name, ("specverify",)) and not within(name, REFERENCE_READERS)
+                  and any(within(i, ("specverify.reference",)) for i in imports_in(source, name, is_package)))
+
+
+def project_sources():
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in project_files()}
+
+
+def test_production_imports_nothing_from_reference():
+    bad = reference_importers(project_sources())
+    assert not bad, "imports specverify.reference outside reference/ and testing/: " + ", ".join(bad)
+
+
+def test_reference_check_catches_a_planted_import():
+    sources = {
+        "specverify.verify.logits": ("from ..reference.warp import min_p_threshold\n", False),
+        "specverify.verify.batch": ("def f():\n    from .. import reference\n", False),
+        "specverify.decoding.decoder": ("import specverify.reference.tree as rt\n", False),
+        "specverify.integrations.x": ("from specverify import reference\n", False),
+        "specverify.verify": ("from .._math import temperature_scale\nfrom . import batch\n", True),
+        "specverify.reference.warp": ("from .._math import temperature_scale\nfrom .primitives import row_mass\n", False),
+        "specverify.testing.exact": ("from specverify.reference import tree\n", False),
+    }
+    assert reference_importers(sources) == ["specverify.decoding.decoder", "specverify.integrations.x",
+                                            "specverify.verify.batch", "specverify.verify.logits"]
+
+
+# -- One name per thing: no module is only another module under a second name ------------------------
+# A module whose body (docstring aside) only imports, sets ``__all__``, puts a module into
+# ``sys.modules`` or calls something (``alias(__name__, ...)``, ``sys.exit(other.main())`` under
+# ``if __name__ == "__main__"``) defines nothing: it is a second name of what it imports. Package
+# ``__init__.py`` files (they state a package's public API) and ``__main__.py`` files (the
+# package's ``python -m`` command) are the exceptions.
+def is_reexport_only(source):
+    """True when the module defines nothing: no def, class or assignment other than ``__all__``."""
+    def defines_nothing(statements):
+        for node in statements:
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.Pass)):
+                continue
+            if isinstance(node, ast.Expr):   # a docstring or a call: neither defines a name
+                continue
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if all(_is_all_or_sys_modules(t) for t in targets):
+                    continue
+                return False
+            if isinstance(node, ast.If):
+                if defines_nothing(node.body) and defines_nothing(node.orelse):
+                    continue
+                return False
+            if isinstance(node, ast.Try):
+                if all(defines_nothing(part) for part in (node.body, node.orelse, node.finalbody,
+                                                          *(h.body for h in node.handlers))):
+                    continue
+                return False
+            return False
+        return True
+
+    tree = ast.parse(source)
+    imports = any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(tree))
+    return imports and defines_nothing(tree.body)
+
+
+def _is_all_or_sys_modules(target):
+    if isinstance(target, ast.Name):
+        return target.id == "__all__"
+    return (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)
+            and target.value.attr == "modules" and isinstance(target.value.value, ast.Name)
+            and target.value.value.id == "sys")
+
+
+def test_no_module_is_only_a_reexport():
+    files = [p for top in ("specverify", "experiments", "tools") for p in (ROOT / top).rglob("*.py")
+             if "__pycache__" not in p.parts and p.name not in ("__init__.py", "__main__.py")]
+    bad = sorted(str(p.relative_to(ROOT)) for p in files if is_reexport_only(p.read_text()))
+    assert not bad, "modules that only re-export another (give the thing one name): " + ", ".join(bad)
+
+
+def test_reexport_check_catches_the_old_aliases():
+    old_ops = '"""Old path of specverify.verify."""\nimport sys\n\nfrom . import verify\n\nsys.modules[__name__] = verify\n'
+    old_hub = ('import sys\n\nfrom .integrations import hub\n\nif __name__ == "__main__":\n    sys.exit(hub.main())\n'
+               'sys.modules[__name__] = hub\n')
+    old_experiment = '"""Old name."""\nfrom ._alias import alias\n\nalias(__name__, "experiments.law.sweep")\n'
+    star = 'from .block import *  # noqa\nfrom .chain import accept\n__all__ = ["accept"]\n'
+    for source in (old_ops, old_hub, old_experiment, star):
+        assert is_reexport_only(source), source
+    for source in ('"""Docstring only."""\n', "import numpy as np\n\nSCALE = np.float32(2.0)\n",
+                   "from .chain import accept\n\n\ndef f():\n    return accept\n",
+                   "import sys\n\ntry:\n    import torch\nexcept ImportError:\n    torch = None\n",
+                   "from .x import y\n\n\nclass A(y):\n    pass\n"):
+        assert not is_reexport_only(source), source
+
+
+def test_transformers_package_keeps_its_names():
+    # specverify.integrations.transformers is a package of one module per job; every name it
+    # exported as one module, and the helpers learned_draft.py imports from it, are still there,
+    # each defined in one of its submodules.
+    pytest.importorskip("torch")
+    import importlib
+
+    package = importlib.import_module("specverify.integrations.transformers")
+    helpers = ["_add_children", "_check_tree_shape", "_common_prefix", "_expand", "_rerank"]
+    for name in list(package.__all__) + helpers + ["use_grouped_attention", "GroupedAttention"]:
+        obj = getattr(package, name)
+        assert obj.__module__.startswith(package.__name__ + "."), (name, obj.__module__)
 
 
 def test_test_basenames_are_unique():

@@ -1,1 +1,1 @@
-"""Benchmarks of the ops against the memory-read floor measured in the same run (``python -m experiments.bench``)."""
+"""Benchmarks of the ops against the memory-read floor measured in the same run (``python -m experiments.benchmarks.ops``)."""

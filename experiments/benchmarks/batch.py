@@ -1,8 +1,8 @@
-"""Batch rows of ``experiments.bench``: ``verify_batch`` against a Python loop of single-op calls
+"""Batch rows of ``experiments.benchmarks.ops``: ``verify_batch`` against a Python loop of single-op calls
 and against the summed memory-read floors of its requests, on 1 and 2 threads.
 
-    python -m experiments.bench_batch            # batch rows only (results/bench/batch.*)
-    python -m experiments.bench_batch --quick    # smoke run
+    python -m experiments.benchmarks.batch            # batch rows only (results/bench/batch.*)
+    python -m experiments.benchmarks.batch --quick    # smoke run
 
 Sweep (data below): R requests x V x method {token, greedy} x cache {warm, cold}; K_r uniform in
 0..8, rows as the main bench's *realistic* case (draft = target logits plus noise, per-position
@@ -161,7 +161,7 @@ class DramCeiling:
 def run(sv, settings, seed, probe, time_round_robin, overhead_ns, sweep=FULL_SWEEP, log=print):
     """Rows of the batch sweep (dicts with CSV_FIELDS) and the V = 8 overhead rows.
 
-    settings, probe, time_round_robin, overhead_ns: the main bench's (experiments.bench)."""
+    settings, probe, time_round_robin, overhead_ns: the main bench's (experiments.benchmarks.ops)."""
     rng = np.random.default_rng(seed)
     spin = getattr(getattr(getattr(sv, "kernels", None), "_kernels", None), "_pool_spin_ns", None)
     saved_spin = spin() if spin is not None else None
@@ -349,7 +349,7 @@ def main(argv=None):
 
     bench = harness  # the main bench's settings, probe and timing
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.bench_batch", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.benchmarks.batch", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing over the sweep")
     ap.add_argument("--requests", type=lambda s: tuple(int(x) for x in s.split(",")), default=None)

@@ -1,4 +1,4 @@
-"""Comparison implementations, inputs and the read-bandwidth probe for ``experiments.bench``.
+"""Comparison implementations, inputs and the read-bandwidth probe for ``experiments.benchmarks.ops``.
 
 Terms (Leviathan et al. 2023; Chen et al. 2023): position i < K holds draft token t_i; it is
 *accepted* when the test passes; the first rejected position emits a *residual* (recovered) token

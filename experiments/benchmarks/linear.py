@@ -1,7 +1,7 @@
-"""Linear rows of ``experiments.bench``: ``sv.linear`` against ``torch.nn.functional.linear`` and the
+"""Linear rows of ``experiments.benchmarks.ops``: ``sv.linear`` against ``torch.nn.functional.linear`` and the
 memory-read floor of the weight matrix, for the few rows a speculative target pass scores.
 
-    python -m experiments.bench --linear-only    # these rows alone (results/bench/linear.csv)
+    python -m experiments.benchmarks.ops --linear-only    # these rows alone (results/bench/linear.csv)
 
 Sweep (declared as data below): layer shape (out, in) x rows n x cache; ``y = x @ W.T`` in float32,
 x ``[n, in]`` N(0, 1), W ``[out, in]`` N(0, 1 / in), no bias, one thread, each call allocating its
@@ -119,7 +119,7 @@ def linear_markdown(rows, fmt, table, cold_bytes):
     """The bench.md section: what the rows mean, then the table."""
     return "\n".join([
         "Linear layers for the rows a target pass scores (`sv.linear(x, W)` = x @ W.T in float32, "
-        "experiments/bench_linear.py) against `torch.nn.functional.linear`, both allocating their "
+        "experiments/benchmarks/linear.py) against `torch.nn.functional.linear`, both allocating their "
         "output; n = rows of x; floor = reading W once (out × in × 4 bytes) at the read bandwidth "
         "measured in this run; ÷ floor = specverify min / floor. *cold*: the calls rotate over copies "
         f"of W totalling at least {cold_bytes >> 20} MiB (one copy when W alone is larger), so every "

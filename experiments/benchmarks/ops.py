@@ -1,8 +1,8 @@
 """Benchmark of the verification ops: specverify against pure torch, NumPy and the memory-read floor.
 
-    python -m experiments.bench            # full run, a few minutes
-    python -m experiments.bench --quick    # smoke run (CI): tiny budget, small cold pool
-    python -m experiments.bench --plot-only
+    python -m experiments.benchmarks.ops            # full run, a few minutes
+    python -m experiments.benchmarks.ops --quick    # smoke run (CI): tiny budget, small cold pool
+    python -m experiments.benchmarks.ops --plot-only
 
 Sweep (declared as data below): sizes (V, K) x op {verify_greedy, accept, accept_block} x input {realistic, worst}
 x cache {warm, cold}, each timed for every implementation in the same process, single thread,
@@ -25,7 +25,7 @@ round-robin so that changes in machine load hit all implementations alike.
   rows from DRAM.
 
 Implementations: ``specverify`` (``verify_greedy`` and ``accept_from_uniforms`` on torch tensors),
-``torch`` and ``numpy`` (experiments/bench_impls.py), and ``floor`` = bytes the op must read /
+``torch`` and ``numpy`` (experiments/benchmarks/impls.py), and ``floor`` = bytes the op must read /
 single-thread read bandwidth measured in this run for that read size and cache state (see
 ``bench_impls.ReadProbe``). Every call is timed on its own (time.perf_counter_ns, GC off, the
 timer's own overhead subtracted); passes over the pool of rounds repeat until the time budget is
@@ -445,7 +445,7 @@ def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=(), linear_row
     load = meta["load_start"], meta["load_end"]
     s = meta["settings"]
     tree = [] if not tree_rows else [
-        "Tree verification (`sv.verify_tree_greedy`, `sv.accept_tree`; experiments/bench_tree.py): "
+        "Tree verification (`sv.verify_tree_greedy`, `sv.accept_tree`; experiments/benchmarks/tree.py): "
         "EAGLE-like trees of N nodes, realistic children per rule; path = mean accepted path length; "
         "rows read = mean rows of V floats the call must read; ÷ floor = min / floor.",
         "",
@@ -483,7 +483,7 @@ def markdown_report(rows, overhead, meta, tree_rows=(), warp_rows=(), linear_row
         "",
         overhead_table(overhead),
         "",
-        "Rerun: `python -m experiments.bench` (a few minutes; `--quick` for a smoke run). "
+        "Rerun: `python -m experiments.benchmarks.ops` (a few minutes; `--quick` for a smoke run). "
         "Raw numbers: `results/bench/bench.csv`, `tree.csv`, `warp.csv`, `linear.csv`, `overhead.csv`, "
         "`meta.json`.",
         "",
@@ -535,7 +535,7 @@ def plot(csv_path, png_path, meta=None):
 # ---------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.benchmarks.ops", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny time budget, small cold pool")
     ap.add_argument("--sizes", type=parse_sizes, default=SIZES,
                     help="comma-separated V:K pairs (default: 32000:4,128256:5,4096:8)")
@@ -546,7 +546,7 @@ def main(argv=None):
     ap.add_argument("--media-dir", type=Path, default=MEDIA_DIR)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the CSV in --out-dir")
-    ap.add_argument("--no-batch", action="store_true", help="skip the verify_batch rows (experiments/bench_batch.py)")
+    ap.add_argument("--no-batch", action="store_true", help="skip the verify_batch rows (experiments/benchmarks/batch.py)")
     ap.add_argument("--warp-only", action="store_true",
                     help="only the warping rows (writes warp.csv and prints their table)")
     ap.add_argument("--linear-only", action="store_true",
@@ -605,7 +605,7 @@ def main(argv=None):
                                 bench_batch.QUICK_SWEEP if args.quick else bench_batch.FULL_SWEEP)
     meta.update(load_end=load_snapshot(), elapsed_s=round(time.perf_counter() - t0, 1),
                 bandwidth_GBps={f"{k[0]} {k[1]} B": round(v / 1e9, 2) for k, v in probe._cache.items()},
-                floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/bench_impls.py)")
+                floor_probe="best of " + ", ".join(probe.reductions) + " (see experiments/benchmarks/impls.py)")
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     args.media_dir.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,11 @@
 """Benchmark rows for tree verification (``sv.verify_tree_greedy``, ``sv.accept_tree``), run by
-``python -m experiments.bench`` after the chain sweep, with its timer and read-bandwidth probe.
+``python -m experiments.benchmarks.ops`` after the chain sweep, with its timer and read-bandwidth probe.
 
 Sweep (as data below): trees of N = 16 and 64 nodes (EAGLE-like: 4 children at the root, then
 3, 2, 2, 1 per node by depth, breadth first) at V = 32000 and 128256 x rule {greedy,
 deterministic children, without replacement, with replacement} x cache {warm, cold}.
 
-- Rows: ``experiments.bench_impls.make_row_pool`` (softmax(4 N(0, 1)) targets, drafts with
+- Rows: ``experiments.benchmarks.impls.make_row_pool`` (softmax(4 N(0, 1)) targets, drafts with
   per-position acceptance ~0.68); position r of a round reads target row o + r and draft row
   o + r.
 - Children (realistic): greedy: the first child of a position is the target's argmax with

@@ -1,12 +1,12 @@
 """Choosing K on SmolLM2-135M: decode tok/s at fixed K = 1..8 against the speed-up model, and AdaptiveK.
 
-``python -m experiments.choose_k`` decodes the prompts of :mod:`experiments.real_model` greedily
+``python -m experiments.end_to_end.choose_k`` decodes the prompts of :mod:`experiments.end_to_end.real_model` greedily
 with specverify and the prompt-lookup draft (deterministic: the emitted text and every round's
 proposals are the same at every K, only the time differs), with
 
 - ``plain``: rounds of ``K = 0`` (one target pass per token, through the same decoder);
-- ``K = 1 .. 8``: :class:`specverify.adaptive.FixedK`;
-- ``auto``: :class:`specverify.adaptive.AdaptiveK` with costs learned from the decoder's own
+- ``K = 1 .. 8``: :class:`specverify.decoding.adaptive.FixedK`;
+- ``auto``: :class:`specverify.decoding.adaptive.AdaptiveK` with costs learned from the decoder's own
   timings; one policy carried from run to run (as a server would), so the costs it learned on
   earlier prompts are reused while its acceptance estimates forget (``decay``).
 
@@ -78,10 +78,10 @@ class PlainDecoding:
 
 
 class Recorder:
-    """Wraps a policy and keeps every round's :class:`specverify.adaptive.RoundRecord`."""
+    """Wraps a policy and keeps every round's :class:`specverify.decoding.adaptive.RoundRecord`."""
 
     def __init__(self, policy):
-        from specverify.adaptive import takes_keyword
+        from specverify.decoding.adaptive import takes_keyword
 
         self.policy, self.records = policy, []
         self.k_max, self.stop = policy.k_max, policy.stop
@@ -102,7 +102,7 @@ class Recorder:
 
 def auto_policy(decay):
     """The ``auto`` configuration: K = 0..8, K = 0 allowed (speculation may not pay)."""
-    from specverify.adaptive import AdaptiveK
+    from specverify.decoding.adaptive import AdaptiveK
 
     return AdaptiveK(k_max=max(KS), k_min=0, decay=decay)
 
@@ -133,7 +133,7 @@ def run_one(model, prompt_ids, policy, max_new, eos, clock=time.perf_counter):
 def compute(params, prompts=None, out_dir=None, log=print):
     import torch
 
-    from specverify.adaptive import FixedK
+    from specverify.decoding.adaptive import FixedK
     from specverify.integrations import smollm2
 
     from . import real_model
@@ -172,7 +172,7 @@ def compute(params, prompts=None, out_dir=None, log=print):
             paths.write_json(out_dir / "summary.json", dict(
                 paths.run_metadata(), params=dict(params, repeats_done=rep + 1), loadavg_before=load_before,
                 loadavg_after=os.getloadavg(), torch_threads=torch.get_num_threads(), texts=texts,
-                prompt_ids={name: v.tolist() for name, v in ids.items()}))  # for experiments.k_replay
+                prompt_ids={name: v.tolist() for name, v in ids.items()}))  # for experiments.end_to_end.k_replay
     return out_dir
 
 
@@ -440,12 +440,12 @@ def main(argv=None):
     ap.add_argument("--decay", type=float, default=0.98, help="AdaptiveK's per-round forgetting factor")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="process",
                     help="process: CPU seconds of this process (robust to a shared machine's load); wall")
-    ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.real_model.PROMPTS")
+    ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.end_to_end.real_model.PROMPTS")
     ap.add_argument("--linears", choices=["specverify", "torch"], default="specverify",
                     help="the model's nn.Linear layers: specverify.linear (use_fast_linears) or torch's")
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--replay", action="store_true",
-                    help="no model: replay AdaptiveK and every fixed K on the last run's texts (experiments.k_replay)")
+                    help="no model: replay AdaptiveK and every fixed K on the last run's texts (experiments.end_to_end.k_replay)")
     args = ap.parse_args(argv)
     out_dir = paths.RESULTS_DIR / EXPERIMENT
     if args.replay:

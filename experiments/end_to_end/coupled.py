@@ -18,7 +18,7 @@ is accepted with probability p(child) under either. The library's ops keep their
 uniform contracts; this rule lives here, in Python, as a measuring device. Its inverse-CDF draw
 costs ~0.1 ms per emitted token at V = 49152, the same for every config per token.)
 
-``python -m experiments.coupled`` runs ``plain`` (one target pass per token, the same decoder),
+``python -m experiments.end_to_end.coupled`` runs ``plain`` (one target pass per token, the same decoder),
 ``chain`` (prompt lookup, k = 5) and ``tree`` (the prompt-lookup tree, depth 12, 16 nodes) on the
 real-model prompts with ``--seeds`` seeds each, interleaved, and prints per prompt tok/s, tokens per
 pass and the ratios, checking that all three sampled the same text. Writes

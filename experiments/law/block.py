@@ -1,7 +1,7 @@
 """Block verification against token-wise speculative sampling: empirical vs law, and the gain.
 
 For every cell (K, V, requested per-position token-wise acceptance) a target/draft pair of the
-"noise" family is drawn and calibrated (:func:`experiments.synthetic.make_pair`); ``rounds``
+"noise" family is drawn and calibrated (:func:`experiments.law.synthetic.make_pair`); ``rounds``
 rounds are verified by both :func:`specverify.accept` and :func:`specverify.accept_block` on the
 SAME draft tokens and uniforms (common random numbers, so the empirical gain has a small error).
 Per method the table holds the law's mean accepted length (token-wise ``sum_i prod_{j<i} a_j``;
@@ -10,7 +10,7 @@ empirical mean, its standard error, z-score and the chi-square p-value of the ac
 histogram against the law's pmf (on counts, small bins merged); and the gain (block minus
 token-wise) by law and empirically, with the standard error of the paired differences.
 
-``python -m experiments.block`` runs the default grid (K 1..8 x V {256, 32000, 128256} x acceptance
+``python -m experiments.law.block`` runs the default grid (K 1..8 x V {256, 32000, 128256} x acceptance
 {0.5, 0.7, 0.9}; 3000 rounds per cell), caches every cell under ``results/block/cells/`` and the
 table under ``results/block/<key>/``, and draws ``media/block.png`` (also redrawn by
 ``python -m experiments.figures``).
@@ -134,7 +134,7 @@ def format_summary(table, summary: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.block", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.law.block", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--k", type=int, nargs="+", default=GRID["k"])
     ap.add_argument("--vocab", type=int, nargs="+", default=GRID["vocab"])

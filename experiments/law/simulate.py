@@ -1,7 +1,7 @@
 """Rounds of verification on synthetic rows, and the statistics of their accepted lengths.
 
 One experiment = one fixed target/draft pair (``[k+1, V]`` / ``[k, V]`` rows from
-:mod:`experiments.synthetic`), ``rounds`` fresh draft-token draws (``t_i ~ q_i``) and one call of
+:mod:`experiments.law.synthetic`), ``rounds`` fresh draft-token draws (``t_i ~ q_i``) and one call of
 ``sv.accept`` (or ``sv.verify_greedy``) per round. The accepted length ``N`` of a round then
 follows the analytic law exactly: ``P(N >= n) = a_0 ... a_{n-1}`` with ``a_i`` the per-position
 acceptance, so the histogram of ``N`` can be tested against ``sv.law.accepted_length_pmf(a)``.
@@ -124,7 +124,7 @@ def run(k: int, vocab: int, rounds: int, seed: Seed, *, acceptance: float | None
     """One complete experiment. Returns a dict of per-round arrays and their statistics.
 
     ``acceptance`` (calibrated) or ``mismatch`` (the family's knob) sets the draft's quality;
-    ``family`` defaults to ``noise`` (``argmax`` in greedy mode, see :mod:`experiments.synthetic`).
+    ``family`` defaults to ``noise`` (``argmax`` in greedy mode, see :mod:`experiments.law.synthetic`).
     """
     if family is None:
         family = "argmax" if greedy else "noise"

@@ -1,8 +1,8 @@
 """The law test over a grid of K, V and draft mismatch.
 
 For every cell (K, V, requested per-position acceptance) a fresh target/draft pair is drawn,
-the draft knob calibrated to the requested acceptance (:func:`experiments.synthetic.pick_knob`),
-and ``rounds`` verification rounds run (:func:`experiments.simulate.run`). The table holds,
+the draft knob calibrated to the requested acceptance (:func:`experiments.law.synthetic.pick_knob`),
+and ``rounds`` verification rounds run (:func:`experiments.law.simulate.run`). The table holds,
 per cell: empirical vs analytic mean accepted length, its standard error and z-score, the
 chi-square p-value of the accepted-length histogram (on counts, small bins merged), per-position
 acceptance (law and empirical) and the TV distance to the law.
@@ -15,7 +15,7 @@ cluster's executor (Dask's ``client.get_executor()``, Ray's, ...) runs a large s
 Each cell is cached under ``results/sweep/cells/<key>.json``, keyed by its parameters, so a rerun
 only computes what is missing; the table lands in ``results/sweep/<key>/table.csv``.
 
-``python -m experiments.sweep`` runs the default grid (K 1..8 x V {256, 32000, 128256} x
+``python -m experiments.law.sweep`` runs the default grid (K 1..8 x V {256, 32000, 128256} x
 acceptance {0.5, 0.7, 0.9}, 2000 rounds per cell) and draws ``media/sweep.png``.
 """
 
@@ -215,7 +215,7 @@ def figure(directory: Path, out_dir=None, name: str = paths.SWEEP_PNG) -> Path:
 
 
 def default_dir(results_root=None) -> Path:
-    """The results directory of the default grid (``python -m experiments.sweep`` with no options)."""
+    """The results directory of the default grid (``python -m experiments.law.sweep`` with no options)."""
     params = {"grid": {k: list(v) for k, v in GRID.items()}, "rounds": ROUNDS, "seed": SEED, "family": None,
               "temperature": synthetic.TEMPERATURE, "greedy": False, "variant": "correct"}
     return Path(results_root or paths.RESULTS_DIR) / EXPERIMENT / paths.params_key(EXPERIMENT, params)
@@ -252,7 +252,7 @@ def _expand_k(s):
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="python -m experiments.sweep", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.law.sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", type=_expand_k, default=GRID["k"], help="K values, e.g. '1-8' or '1,2,4'")
     ap.add_argument("--vocab", type=_parse_list(int), default=GRID["vocab"], help="V values, e.g. '256,32000'")
     ap.add_argument("--acceptance", type=_parse_list(float), default=GRID["acceptance"],

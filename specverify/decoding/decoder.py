@@ -12,7 +12,7 @@ A round of speculative decoding (Leviathan, Kalman & Matias 2023; Chen et al. 20
 
 Every round therefore *emits* ``n + 1`` tokens.
 
-A draft may also return a *tree* (:class:`specverify.tree_drafts.DraftTree`: ``tokens [N]``,
+A draft may also return a *tree* (:class:`specverify.decoding.tree_drafts.DraftTree`: ``tokens [N]``,
 ``parents [N]``, ``probs [N + 1, V]`` or None): the target then scores all ``N`` nodes in one pass
 (``[N + 1, V]`` rows, row ``i + 1`` after node ``i``), :func:`specverify.verify_tree_greedy` or
 :func:`specverify.accept_tree` picks the accepted root-to-node path, and the round emits that path
@@ -144,7 +144,7 @@ class SpeculativeDecoder:
         propose, e.g. prompt lookup without a match, may return fewer, down to none) and
         ``probs`` ``[j, V]``: row ``i`` is the distribution ``tokens[i]`` was drawn from. ``probs`` may be ``None`` in greedy mode;
         in sampling mode ``None`` means a deterministic (point-mass) draft.
-        May instead return a :class:`~specverify.tree_drafts.DraftTree` of depth ``<= k`` (any
+        May instead return a :class:`~specverify.decoding.tree_drafts.DraftTree` of depth ``<= k`` (any
         node count); its ``probs`` is ``[N + 1, V]`` or ``None`` (deterministic children).
     target_step : callable ``(prefix, proposed) -> target_probs``
         ``proposed`` is a 1-D int64 tensor of ``m`` draft tokens (``0 <= m <= k``); returns
@@ -154,10 +154,10 @@ class SpeculativeDecoder:
         ``[N + 1, V]`` rows (row 0 after the prefix, row ``i + 1`` after node ``i``'s path).
     k : int, ``"auto"`` or a draft-length policy
         An int: draft tokens asked for per round (fewer in the last rounds, see
-        :meth:`generate`). ``"auto"``: :class:`specverify.adaptive.AdaptiveK` (each round's K
+        :meth:`generate`). ``"auto"``: :class:`specverify.decoding.adaptive.AdaptiveK` (each round's K
         maximizes the modelled speed-up, learned from past rounds and this decoder's timings;
         with a tree draft, K is the tree's depth and a round is priced by the nodes it scores).
-        Or any policy of :mod:`specverify.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
+        Or any policy of :mod:`specverify.decoding.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
         ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. With a
         :class:`~specverify.decoding.planner.Planner` as ``draft_step``, ``"auto"`` makes the
         planner the policy too: each round proposes the candidate and length (or nothing) with
@@ -169,11 +169,11 @@ class SpeculativeDecoder:
         method (:class:`~specverify.integrations.transformers.PromptLookupDraft`: its match
         order, and whether later text contradicted the match) gives each round's context, before
         drafting, to a policy whose ``draft_length`` takes a ``context`` keyword; the round's
-        :class:`~specverify.adaptive.RoundRecord` carries it. A ``draft_step`` with a
+        :class:`~specverify.decoding.adaptive.RoundRecord` carries it. A ``draft_step`` with a
         ``first_token(prefix)`` method (the token its proposal would start with, or ``None``) is
         asked it in rounds that draft nothing, and the record says whether it was the token
         emitted (``hindsight``). Policies that only see the draft side and past rounds keep
-        verification exact (proof in :mod:`specverify.adaptive`).
+        verification exact (proof in :mod:`specverify.decoding.adaptive`).
     greedy : bool
         ``True``: :func:`specverify.verify_greedy`. ``False``: speculative sampling, verified
         as ``method`` says.
@@ -283,7 +283,7 @@ class SpeculativeDecoder:
         """``(tokens [j], probs [j, V] or None)``, j <= m, validated (:func:`draft_result`,
         :func:`draft_rows`, token ids in ``[0, V)`` of ``probs``) *before* the policy's draft-side
         stop rule reads them, then cut by it; or the draft's
-        :class:`~specverify.tree_drafts.DraftTree`, uncut (:meth:`_proposal` checks it)."""
+        :class:`~specverify.decoding.tree_drafts.DraftTree`, uncut (:meth:`_proposal` checks it)."""
         stop = self.policy.stop
         # a draft that takes the rule stops early (saving its own passes); the cut below is then a no-op
         if stop is not None and self._draft_takes_stop:
@@ -349,7 +349,7 @@ class SpeculativeDecoder:
         return int(c)
 
     def _hindsight(self, prefix: torch.Tensor, emitted: int) -> Optional[bool]:
-        """In a round that drafted nothing: :func:`specverify.adaptive.draft_hindsight`."""
+        """In a round that drafted nothing: :func:`specverify.decoding.adaptive.draft_hindsight`."""
         return draft_hindsight(self.draft_step, prefix.clone(), emitted)
 
     def _emitted(self, tokens: torch.Tensor, n_accepted: int, next_token: int) -> list:

@@ -1,6 +1,6 @@
 """Write a Hugging Face ``kernels`` repository from the installed (compiled) specverify package.
 
-    python -m specverify.hub build [--out DIR] [--arch]
+    python -m specverify.integrations.hub build [--out DIR] [--arch]
 
 so that the seed's call works offline against the local build::
 
@@ -11,7 +11,7 @@ so that the seed's call works offline against the local build::
 or ``kernels.get_local_kernel(Path(DIR))``. Layout written (``DIR`` defaults to ``build/hub``)::
 
     DIR/build/torch-cpu/metadata.json
-    DIR/build/torch-cpu/spec_verify/__init__.py, ops.py, law.py, ..., _kernels.<abi-tag>.so
+    DIR/build/torch-cpu/spec_verify/__init__.py, verify/, law/, ..., kernels/_kernels.<abi-tag>.so
     DIR/build/torch-universal/...                     same files, own metadata id
     DIR/build/torch<XY>-cxx11-cpu-<machine>-linux/... only with --arch
 
@@ -74,7 +74,7 @@ DEFAULT_OUT = Path("build") / "hub"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _PACKAGE = _PACKAGE_DIR.name  # "specverify"
-_EXCLUDED = {"integrations/hub.py", "hub.py"}  # the build tool (and its old path) is not part of the kernel
+_EXCLUDED = {"integrations/hub.py"}  # the build tool is not part of the kernel
 _EXCLUDED_DIRS = {"testing"}  # the validation harness is a tool for tests, not part of the kernel
 
 
@@ -190,7 +190,7 @@ def build(out: Path = DEFAULT_OUT, *, arch: bool = False, package_dir: Path = _P
         lines = "\n".join(f"  {f}:{n}: {s}" for f, n, s in bad)
         raise HubBuildError(
             "the kernel package is registered under its metadata id, so it must import itself "
-            f"relatively (`from . import ops`), found absolute imports of {_PACKAGE!r}:\n{lines}")
+            f"relatively (`from . import verify`), found absolute imports of {_PACKAGE!r}:\n{lines}")
 
     digest = content_hash(package_dir, files)
     variants = list(NOARCH_VARIANTS) + ([arch_variant()] if arch else [])
@@ -207,7 +207,7 @@ def build(out: Path = DEFAULT_OUT, *, arch: bool = False, package_dir: Path = _P
 
 
 def main(argv: Sequence[str] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specverify.hub", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specverify.integrations.hub", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="write a kernels repository (build/<variant>/...) into --out")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")

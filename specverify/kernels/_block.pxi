@@ -4,7 +4,7 @@
 # The kernel is a pure function of validated float32 rows and K + 1 explicit uniforms; it sums in
 # the documented order (``specverify.kernels._primitives``) through the shared primitives, so
 # ``specverify.reference.accept_block`` reproduces it bit for bit.  The math and the edges are
-# stated in ``specverify.ops.accept_block``.
+# stated in ``specverify.verify.accept_block``.
 #
 # Reads: one fused pass (mass + validation) over every target row 0..K and draft row 0..K-1, in
 # order, whatever the uniforms (so a bad row always raises); then residual passes over row pairs

@@ -31,7 +31,7 @@ cdef int _accept(const float* target, Py_ssize_t target_stride, const float* dra
     (``_mass_ratio``); any other rejection sums its residual in a second pass.  Both give the same
     bits.  (Reading the pair in one pass, even for a position that will be accepted and never
     needs the residual, was 4-5 % faster than reading the two rows one after the other, warm and
-    cold, on a Zen 5: experiments.bench_batch, V = 32000 and 128256.)
+    cold, on a Zen 5: experiments.benchmarks.batch, V = 32000 and 128256.)
     """
     cdef Py_ssize_t n_blocks = (v + BLOCK - 1) // BLOCK
     cdef double* target_blocks = <double*> malloc(3 * n_blocks * sizeof(double))

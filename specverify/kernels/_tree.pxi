@@ -1,6 +1,6 @@
 # Tree and multi-draft verification (included by _kernels.pyx): pure functions of raw float32
 # rows, a validated tree and explicit uniforms (the rules and their float64 form:
-# ``specverify.reference_tree``).
+# ``specverify.reference.tree``).
 #
 # The tree arrives as ``parents [N]`` and ``draft_tokens [N]``; the entry points copy both into the
 # call's own memory, validate the copies (range, topological order — which also rules out cycles
@@ -129,7 +129,7 @@ cdef int64_t _recursive_rejection(const float* p, const float* q, Py_ssize_t v,
     R_0 = p.  Child j (token t) is accepted iff u_j * (q(t) * M) < R(t) * Q_j, M the residual's
     mass and Q_j the draft mass (without replacement: q without the earlier children).  On
     rejection A += M / Q_j and R = max(0, p - q * A), p counted as 0 at the children rejected
-    before this one (without replacement; see ``specverify.reference_tree``); one pass each,
+    before this one (without replacement; see ``specverify.reference.tree``); one pass each,
     except the first when ``first_residual_mass`` >= 0: residual_blocks already hold R's block
     sums at ratio 1 (``_row_pair_masses``), which are the first's when P/Q snaps to 1.  (A is a
     sum of mass quotients M / Q_j, each formed by ``_mass_ratio``.)

@@ -2,7 +2,7 @@
 #
 # Logits warping (temperature, top-k, top-p, min-p) in O(V), and verification from logits.
 #
-# The semantics, step by step, are those of ``specverify.reference_warp`` (the NumPy reference that
+# The semantics, step by step, are those of ``specverify.reference.warp`` (the NumPy reference that
 # sorts); this module returns the same float32 bits without sorting:
 #
 # - one pass finds the row maximum (``_row_argmax``, which also rejects NaN, +inf and rows that are
@@ -343,7 +343,7 @@ cdef int _warp_row(const float* x, Py_ssize_t v, float scale, Py_ssize_t top_k, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Entries.  specverify.ops validates the scalar settings; rows and out are checked here.
+# Entries.  specverify.verify validates the scalar settings; rows and out are checked here.
 # ---------------------------------------------------------------------------------------------
 
 cdef int _warp_rows(const float* x, Py_ssize_t x_stride, Py_ssize_t n, Py_ssize_t v,

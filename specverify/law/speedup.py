@@ -88,7 +88,7 @@ def speedup_curve(rates=None, c=0.0, target_cost=None, *, survival=None, propose
 def _speedup_values(survival, proposed, draft, target) -> list:
     """``speedup_curve``'s ``f(0..K)`` from checked lists: survival ``S_1..S_K``, proposed
     ``P(M >= 1..K)``, draft ``D(1..K)``, target ``T(1..K+1)`` with ``T(1) = 1``. A plain loop:
-    :class:`specverify.adaptive.AdaptiveK` calls it every round, right after a target pass has
+    :class:`specverify.decoding.adaptive.AdaptiveK` calls it every round, right after a target pass has
     evicted the caches, where NumPy's per-call overhead is most of the cost."""
     curve = [1.0]
     tokens = time = 0.0  # running sums of S_i and of P(M >= i) (T(i+1) - T(i))

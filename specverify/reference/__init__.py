@@ -10,7 +10,7 @@ not follow.  No validation beyond what the math needs: pass valid inputs (the op
 One module per op family: :mod:`~specverify.reference.primitives` (the numeric contract's
 primitives), :mod:`~specverify.reference.chain`, :mod:`~specverify.reference.block`,
 :mod:`~specverify.reference.tree`, :mod:`~specverify.reference.warp`,
-:mod:`~specverify.reference.linear`.  The names of the primitives, chain, block and linear
+:mod:`~specverify.reference.linear`, :mod:`~specverify.reference.batch`.  The names of the primitives, chain, block and linear
 modules are also available here (``specverify.reference.accept``), as before the split.
 """
 

@@ -36,6 +36,7 @@ and ``min_p = 0`` switch their cuts off.
 
 import numpy as np
 
+from .._math import min_p_threshold, temperature_scale
 from .primitives import row_mass
 
 # -- exp32: Cephes expf (S. Moshier), every operation a float32 IEEE operation ---------------
@@ -47,8 +48,6 @@ LN2_LO = np.float32(-2.12194440e-4)
 EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
                                          4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
 FIXED_ONE = 2.0 ** 40  # fixed-point unit of the top-p masses
-MIN_SCALE = np.float32(2.0 ** -126)
-MAX_SCALE = np.float32(np.finfo(np.float32).max)
 
 
 def exp32(z):
@@ -76,21 +75,6 @@ def exp32(z):
         exponent = (n.astype(np.int32) + np.int32(127)).astype(np.int32)
         scale = (exponent << np.int32(23)).astype(np.int32).view(np.float32)
         return np.where(z >= EXP_CUTOFF, y * scale, np.float32(0.0)).astype(np.float32).reshape(shape)
-
-
-def temperature_scale(temperature):
-    """``c = fl32(1 / temperature)`` clamped to ``[2**-126, FLT_MAX]`` (float32)."""
-    with np.errstate(over="ignore"):
-        c = np.float32(1.0 / float(temperature))
-    return np.float32(min(max(c, MIN_SCALE), MAX_SCALE))
-
-
-def min_p_threshold(min_p):
-    """The smallest float32 ``f`` with ``float64(f) >= min_p``: ``w >= f`` iff ``w >= min_p``."""
-    f = np.float32(min_p)
-    if float(f) < float(min_p):
-        f = np.nextafter(f, np.float32(np.inf))
-    return f
 
 
 def fixed_weights(w):

@@ -272,7 +272,7 @@ def specverify_as_flashinfer(method="token"):
     FlashInfer's ``output_accepted_token_num`` (independent passes, accumulated) is not produced.
     """
     import specverify as sv
-    from specverify import batch
+    from specverify.verify import batch
 
     def f(draft_probs, draft_token_ids, uniform_samples, target_probs):
         target, draft, tokens, cu = batch.from_flashinfer(draft_probs, draft_token_ids, target_probs)
@@ -295,7 +295,7 @@ def specverify_as_vllm(method="token"):
     row is part of ``target_probs`` and the request's last uniform draws it.
     """
     import specverify as sv
-    from specverify import batch
+    from specverify.verify import batch
 
     def f(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, uniforms, max_spec_len, method=method):
         cu_inc = _array(cu_num_draft_tokens).astype(np.int64)

@@ -161,7 +161,8 @@ class _Problem:
 
     def reference(self, law_rows, args, u):
         """The standard rule of this kind (specverify's reference) on the law's rows."""
-        from specverify import reference, reference_tree
+        from specverify import reference
+        from specverify.reference import tree as reference_tree
 
         t, d = (np.asarray(x, dtype=np.float32) if x is not None else None for x in law_rows)
         if self.kind == "chain":

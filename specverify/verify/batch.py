@@ -1,4 +1,4 @@
-"""Batched, ragged verification: ``verify_batch``, its layouts, converters and slow reference.
+"""Batched, ragged verification: ``verify_batch``, its layouts and converters.
 
 specverify's layout (vLLM model runner V2's), for R requests with K_r drafts each:
 
@@ -18,12 +18,12 @@ Converters (sections E.1-E.3 of the shared notes):
   (a request's K_r is the length of its drafts before the first -1);
 - ``to_vllm_v1_output`` / ``to_flashinfer_output``: the output in those engines' conventions.
 
-Converters copy rows only when the rows are not already in specverify's order.
+Converters copy rows only when the rows are not already in specverify's order. The slow reference
+is :func:`specverify.reference.batch.verify_batch`.
 """
 
 import numpy as np
 
-from .. import reference
 from ..kernels import _inputs, _kernels
 
 # Per-request verification methods of verify_batch; a method's integer code is its index here.
@@ -37,7 +37,6 @@ __all__ = [
     "from_flashinfer",
     "to_vllm_v1_output",
     "to_flashinfer_output",
-    "reference_verify_batch",
 ]
 
 
@@ -46,7 +45,7 @@ def verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens, *
                  num_threads=None):
     """Verify a batch of R requests in one call: ragged drafts, per-request methods and streams.
 
-    Layout (vLLM model runner V2's; ``specverify.batch`` converts vLLM V1's and FlashInfer's):
+    Layout (vLLM model runner V2's; ``specverify.verify.batch`` converts vLLM V1's and FlashInfer's):
     request ``r`` owns the draft tokens ``draft_tokens[cu[r]:cu[r+1]]`` (``K_r = cu[r+1] - cu[r]``,
     0 allowed), the target rows ``target_probs[cu[r] + r : cu[r+1] + r + 1]`` (``K_r + 1`` rows, the
     last its bonus row) and, when it has them, the draft rows ``draft_probs[cu[r]:cu[r+1]]``.
@@ -277,35 +276,3 @@ def to_flashinfer_output(output_token_ids, num_accepted, n):
     """
     out, accepted = _output_arrays(output_token_ids, num_accepted)
     return _widen(out, int(n) + 1, "n + 1"), accepted.astype(np.int32)
-
-
-def reference_verify_batch(target_probs, draft_probs, draft_tokens, cu_num_draft_tokens,
-                           method="token", has_draft_probs=None, uniforms=None):
-    """Slow reference of ``verify_batch`` (explicit uniforms): one ``specverify.reference`` call
-    per request on its slice of the layout.  Returns the same ``(output [R, K_max + 1],
-    num_accepted [R])``."""
-    cu = _numpy_int64(cu_num_draft_tokens, "cu_num_draft_tokens")
-    tokens = _numpy_int64(draft_tokens, "draft_tokens")
-    n_requests = cu.size - 1
-    codes = _method_codes(method, n_requests)
-    counts = uniform_counts(cu, codes)
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    if has_draft_probs is None:
-        has_draft_probs = np.full(n_requests, draft_probs is not None)
-    k = np.diff(cu)
-    output = np.full((n_requests, (k.max() if n_requests else 0) + 1), -1, dtype=np.int64)
-    accepted = np.zeros(n_requests, dtype=np.int64)
-    for r in range(n_requests):
-        t = tokens[cu[r]:cu[r + 1]]
-        target = np.asarray(target_probs[cu[r] + r:cu[r + 1] + r + 1])
-        name = BATCH_METHODS[codes[r]]
-        if name == "greedy":
-            n, token = reference.verify_greedy(target, t)
-        else:
-            draft = np.asarray(draft_probs[cu[r]:cu[r + 1]]) if has_draft_probs[r] else None
-            sample = reference.accept_block if name == "block" else reference.accept
-            n, token = sample(target, draft, t, np.asarray(uniforms)[starts[r]:starts[r + 1]])
-        accepted[r] = n
-        output[r, :n] = t[:n]
-        output[r, n] = token
-    return output, accepted

@@ -6,8 +6,8 @@ import numbers
 
 import numpy as np
 
+from .._math import min_p_threshold, temperature_scale
 from ..kernels import _inputs, _kernels
-from ..reference.warp import min_p_threshold, temperature_scale
 
 __all__ = ["warp", "accept_logits", "accept_logits_from_uniforms", "accept_block_logits", "accept_block_logits_from_uniforms"]
 
@@ -51,7 +51,7 @@ def warp(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, out=None):
     The most likely token (the first maximum) always stays.  ``top_k = 0``, ``top_p = 1`` and
     ``min_p = 0`` switch the cuts off.  The float32 arithmetic (an own vectorized exp, within 1
     ulp of exp; top-p masses in exact 2**-40 fixed point; the fixed summation order) is stated
-    in ``specverify.reference_warp``, whose sorting reference gives the same bits.  No sort: a
+    in ``specverify.reference.warp``, whose sorting reference gives the same bits.  No sort: a
     max pass, an exp pass, a radix select per cut over the weights' bits, a sum and a scaling.
 
     Args:

@@ -56,7 +56,7 @@ def accept_tree(target_probs, draft_probs, draft_tokens, parents, generator=None
     rejection the recovered token is drawn from the residual (p itself if rounding left it no
     mass).  On a chain ``parents = [-1, 0, ..., N-2]`` every rule is ``accept`` bit for bit with
     the same uniforms (draft_probs[:N] are accept's draft rows).  Float64 form of the residuals:
-    ``specverify.reference_tree``; laws: ``specverify.law`` (``tree_node_probabilities``,
+    ``specverify.reference.tree``; laws: ``specverify.law`` (``tree_node_probabilities``,
     ``tree_length_pmf``, ``rrs_acceptance``, ``optimal_multidraft_acceptance``).
 
     Randomness: exactly N + 1 float64 uniforms per call, drawn in one call (as ``accept``):

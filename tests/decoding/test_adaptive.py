@@ -1,4 +1,4 @@
-"""Draft-length policies (specverify.adaptive): estimates, the confidence stop, and exactness.
+"""Draft-length policies (specverify.decoding.adaptive): estimates, the confidence stop, and exactness.
 
 Exactness: the decoder's whole-continuation joint-law test (tests/decoding/test_decoder.py, enumerable
 bigram models, chi-square on counts, alpha = 1e-6, fixed seeds) with an adaptive K and with the
@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
 from specverify import law  # noqa: E402
-from specverify.adaptive import AdaptiveK, ConfidenceStop, FixedK, RoundRecord, confidence_cut, draft_confidences  # noqa: E402
-from experiments.synthetic import markov_callbacks  # noqa: E402
+from specverify.decoding.adaptive import AdaptiveK, ConfidenceStop, FixedK, RoundRecord, confidence_cut, draft_confidences  # noqa: E402
+from experiments.law.synthetic import markov_callbacks  # noqa: E402
 
 from test_decoder import ALPHA, bigram_pair, continuation_test  # noqa: E402
 
@@ -165,7 +165,7 @@ def test_cost_curve_follows_a_step_and_prices_unseen_lengths_optimistically():
     """A one-token pass much cheaper than longer ones (matrix-vector vs matrix-matrix on a CPU);
     lengths never observed cost no more than the nearest observed one (target) or grow in
     proportion (draft), so that the policy tries them rather than extrapolating the step."""
-    from specverify.adaptive import _CostCurve
+    from specverify.decoding.adaptive import _CostCurve
 
     curve = _CostCurve(decay=1.0, x_max=9)
     truth = lambda n: 0.45 if n == 1 else 0.6 + 0.02 * n  # noqa: E731
@@ -184,7 +184,7 @@ def test_cost_curve_follows_a_step_and_prices_unseen_lengths_optimistically():
 
 
 def test_cost_curve_prices_unseen_lengths_at_most_the_cheapest_multi_token_pass():
-    from specverify.adaptive import _CostCurve
+    from specverify.decoding.adaptive import _CostCurve
 
     curve = _CostCurve(decay=1.0, x_max=9, floor_from=2)
     for n, y in ((1, 0.45), (2, 0.64), (9, 0.80)):
@@ -197,7 +197,7 @@ def test_cost_curve_prices_unseen_lengths_at_most_the_cheapest_multi_token_pass(
 def test_cost_curve_halfway_prices_unseen_lengths_below_every_timed_one():
     """``halfway``: once a one-token pass is timed, an unseen length costs halfway from the cheapest
     timed multi-token pass down to it, so it no longer ties with the timed lengths and gets tried."""
-    from specverify.adaptive import _CostCurve
+    from specverify.decoding.adaptive import _CostCurve
 
     curve = _CostCurve(decay=1.0, x_max=9, floor_from=2, halfway=True)
     for n, y in ((2, 0.64), (9, 0.80)):
@@ -224,7 +224,7 @@ def test_exploring_after_plain_decoding_asks_the_best_drafting_length():
     assert curve[0] > curve[1:].max()  # drafting does not pay: the optimum is K = 0
 
 
-# SmolLM2-135M on one thread (experiments.choose_k, quiet run): ms of a target pass scoring n = 1..9
+# SmolLM2-135M on one thread (experiments.end_to_end.choose_k, quiet run): ms of a target pass scoring n = 1..9
 # tokens. Not monotone: passes scoring an even number of tokens are cheaper than the odd one below.
 SMOLLM2_TARGET_MS = [57.0, 92.4, 113.4, 87.2, 98.1, 97.5, 109.9, 101.0, 112.6]
 
@@ -233,7 +233,7 @@ SMOLLM2_TARGET_MS = [57.0, 92.4, 113.4, 87.2, 98.1, 97.5, 109.9, 101.0, 112.6]
 def test_adaptive_k_finds_a_cheap_length_on_a_jagged_measured_cost_curve(seed):
     """Rates 0.5: the optimum is K = 3 (a 4-token pass costs less than 3- and 5-token ones). Pricing
     the lengths it has not timed by interpolating the ones it has keeps the policy away from it."""
-    from specverify.adaptive import _CostCurve
+    from specverify.decoding.adaptive import _CostCurve
 
     rates = [0.5] * 8
     curve = law.speedup_curve(survival=np.cumprod(rates), c=np.full(8, 0.2 / 57.0),
@@ -754,7 +754,7 @@ def test_law_test_rejects_broken_stop_rules(broken):
 # the synthetic experiment (small parameters)
 # ------------------------------------------------------------------------------------------
 def test_speedup_experiment_runs_caches_and_plots(tmp_path):
-    from experiments import speedup
+    from experiments.end_to_end import speedup
 
     params = speedup.make_params(k_max=4, rounds=48, pool=4, vocab=64, adaptive_rounds=60,
                                  scenarios=["a = 0.7", "a_i 0.95 -> 0.6"])
@@ -815,7 +815,7 @@ def test_choose_k_analysis_predicts_a_consistent_fabricated_run():
     T(n) = 50 + 10 (n - 1) ms, D(K) = 1 ms per token, 0.5 ms overhead: the model must be exact."""
     import json
 
-    from experiments import choose_k
+    from experiments.end_to_end import choose_k
 
     rows = []
     t_of = lambda n: 0.05 + 0.01 * (n - 1)  # noqa: E731
@@ -853,7 +853,7 @@ def test_choose_k_analysis_predicts_a_consistent_fabricated_run():
 def _fabricated_speeds(auto, fixed, repeats, noise, seed):
     """choose_k rows of one prompt: tok/s = the true speed (``auto``; ``fixed[k - 1]`` for K = k) times
     log-normal noise of sigma ``noise``."""
-    from experiments import choose_k
+    from experiments.end_to_end import choose_k
 
     rng = np.random.default_rng(seed)
     truth = {"auto": auto, "plain": 1.0, **{f"K={k}": v for k, v in zip(choose_k.KS, fixed)}}
@@ -868,7 +868,7 @@ def test_auto_vs_best_k_brackets_the_winners_curse():
     is not: over 40 seeded runs its mean is within 1 % of the truth, for a policy as fast as the
     best K and for one 10 % slower (which it must not hide). Each check fails for the other
     estimator."""
-    from experiments import choose_k
+    from experiments.end_to_end import choose_k
 
     exact = choose_k.auto_vs_best_k(_fabricated_speeds(11.4, [10, 10, 10, 10, 12, 10, 10, 10], 6, 0.0, 0))
     for name in ("p", "set"):
@@ -886,14 +886,14 @@ def test_auto_vs_best_k_brackets_the_winners_curse():
 
 
 # ------------------------------------------------------------------------------------------
-# the offline replay of K policies on a recorded prompt-lookup run (experiments.k_replay)
+# the offline replay of K policies on a recorded prompt-lookup run (experiments.end_to_end.k_replay)
 # ------------------------------------------------------------------------------------------
 REPLAY_PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 8, 9, 1, 2, 3, 4, 5]
 REPLAY_TEXT = [6, 7, 1, 2, 3, 8, 9, 10, 11, 12, 1, 2, 3, 4, 5, 6, 7, 13, 10, 11, 12, 14, 0]
 
 
 def replay_profile():
-    from experiments.k_replay import CostProfile
+    from experiments.end_to_end.k_replay import CostProfile
 
     return CostProfile(target=np.array([50.0, 80, 90, 85, 95, 96, 99, 98, 100]) / 1000,
                        draft=np.full(8, 0.0002), overhead=0.0003)
@@ -903,8 +903,8 @@ def test_replay_makes_the_decoders_rounds():
     """The replay's rounds (K asked, drafts accepted) are those of the decoder on a greedy target
     that emits the recorded text, for a fixed K and for AdaptiveK (given a cost model, so that its
     choices do not depend on timings)."""
-    from experiments import k_replay
-    from experiments.k_replay import replay
+    from experiments.end_to_end import k_replay
+    from experiments.end_to_end.k_replay import replay
     from specverify.integrations.transformers import PromptLookupDraft
 
     prompt, V = torch.tensor(REPLAY_PROMPT), 16
@@ -935,7 +935,7 @@ def test_replay_makes_the_decoders_rounds():
 
 
 def test_replay_study_over_prompt_orders():
-    from experiments import k_replay
+    from experiments.end_to_end import k_replay
 
     profile = replay_profile()
     prompts = {"a": (REPLAY_PROMPT, REPLAY_TEXT), "b": ([4, 5, 6, 4, 5], [6, 4, 5, 6, 4, 7, 0])}
@@ -965,7 +965,7 @@ def test_replay_study_over_prompt_orders():
 def test_replay_labels_runs_by_the_shortest_path_tail_they_do_not_share():
     """Runs under two results roots are both folders named ``choose_k``: their labels must differ, or
     ``evidence_table`` (keyed by label) would report one run's ratios for both."""
-    from experiments import k_replay
+    from experiments.end_to_end import k_replay
 
     assert k_replay.run_labels(["/a/fast/choose_k", "/a/torch/choose_k", None]) == [
         "fast/choose_k", "torch/choose_k", "choose_k"]
@@ -979,7 +979,8 @@ def test_replay_evidence_table_over_runs_texts_and_jitter(tmp_path):
     import csv
     import json
 
-    from experiments import choose_k, k_replay, paths
+    from experiments import paths
+    from experiments.end_to_end import choose_k, k_replay
 
     run = tmp_path / "run"
     run.mkdir()
@@ -1017,7 +1018,7 @@ def test_replay_cost_beliefs_follow_the_machine_with_the_pace():
     timed 1.3x slow (lengths 1 and 4) and 0.8x fast (lengths 1 and 9), twice. The paced
     policy's ratios stay within 7 % rms (its first fast passes are timed before the pace has
     followed); raw means (``pace_decay=1``) miss by 20-30 %."""
-    from experiments import k_replay
+    from experiments.end_to_end import k_replay
 
     t_of = {n: 0.05 * (1.0 + 0.075 * (n - 1)) for n in range(1, 10)}  # seconds
     rows = [dict(config=f"K={k}", seconds=1.0, draft_s=0.0, target_s=t_of[k + 1], rounds=1,

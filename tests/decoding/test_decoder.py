@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
 from experiments import stats as st  # noqa: E402
-from experiments.synthetic import BigramModel, markov_callbacks, mix_bigram, random_bigram  # noqa: E402
+from experiments.law.synthetic import BigramModel, markov_callbacks, mix_bigram, random_bigram  # noqa: E402
 
 ALPHA = 1e-6  # per law test; every test below is deterministic (fixed seeds)
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
-from experiments.synthetic import markov_callbacks  # noqa: E402
+from experiments.law.synthetic import markov_callbacks  # noqa: E402
 from specverify.decoding.adaptive import AdaptiveK, FixedK  # noqa: E402
 from test_decoder import bigram_pair  # noqa: E402
 

@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
 from experiments import stats as st  # noqa: E402
-from experiments.synthetic import BigramModel  # noqa: E402
+from experiments.law.synthetic import BigramModel  # noqa: E402
 from specverify import law  # noqa: E402
-from specverify.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
+from specverify.decoding.tree_drafts import DraftTree, Trie, ancestor_mask, chain_parents, depths, path_to  # noqa: E402
 from test_decoder import bigram_pair, continuation_chisquare  # noqa: E402
 from tree_rules import target_only_not_renormalized, walk  # noqa: E402
 
@@ -242,9 +242,9 @@ def test_tree_sampling_preserves_joint_law(vocab, length, k, widths, reverse):
 
 def test_tree_sampling_with_an_adaptive_depth_preserves_joint_law():
     """AdaptiveK choosing each round's tree depth from past rounds (a cost model, no clock): the
-    joint law holds (the proof in specverify.adaptive covers trees: the depth is decided before
+    joint law holds (the proof in specverify.decoding.adaptive covers trees: the depth is decided before
     drafting, from the past only), and the depth really varied from round to round."""
-    from specverify.adaptive import AdaptiveK
+    from specverify.decoding.adaptive import AdaptiveK
 
     asked = []
 

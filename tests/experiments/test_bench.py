@@ -1,4 +1,4 @@
-"""experiments.bench: a --quick smoke run into a temporary directory (structure of every output,
+"""experiments.benchmarks.ops: a --quick smoke run into a temporary directory (structure of every output,
 never wall-clock values), and the comparison implementations against specverify's references."""
 
 import csv
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
-from experiments import bench, bench_impls as bi, bench_linear, bench_tree  # noqa: E402
+from experiments.benchmarks import impls as bi, linear as bench_linear, ops as bench, tree as bench_tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = ((512, 2), (256, 3))
@@ -24,7 +24,7 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     sizes = ",".join(f"{v}:{k}" for v, k in SIZES)
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench", "--quick", "--sizes", sizes, "--budget", "0.5",
+        [sys.executable, "-m", "experiments.benchmarks.ops", "--quick", "--sizes", sizes, "--budget", "0.5",
          "--cold-bytes", str(1 << 20), "--out-dir", str(out / "results"), "--media-dir", str(out / "media")],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -43,7 +43,7 @@ def test_outputs_exist(quick_run):
 def test_batch_rows_carry_the_dram_ceiling(quick_run):
     """Cold batch rows have the second thread's DRAM gain measured beside them, and the 2-thread
     batch is judged against the summed floors divided by it; warm rows have neither."""
-    from experiments import bench_batch
+    from experiments.benchmarks import batch as bench_batch
 
     out, stdout = quick_run
     rows = bench.read_csv(out / "results" / bench_batch.CSV_NAME)
@@ -68,7 +68,7 @@ def test_batch_rows_carry_the_dram_ceiling(quick_run):
 def test_dram_ceiling_is_the_best_one_thread_read_over_the_best_two():
     """DramCeiling on a fake probe with scripted read times: best of the passes on one thread over
     best on two, alternating threads and cycling through the region's slices."""
-    from experiments import bench_batch
+    from experiments.benchmarks import batch as bench_batch
 
     class Probe:
         def __init__(self, times):

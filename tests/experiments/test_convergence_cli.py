@@ -20,7 +20,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from experiments import paths  # noqa: E402
-from experiments.law import convergence  # noqa: E402
+from experiments import convergence  # noqa: E402
 
 FAST = settings(max_examples=40, derandomize=True, deadline=None, database=None)
 

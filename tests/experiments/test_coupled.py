@@ -1,4 +1,4 @@
-"""experiments.coupled: the coupled verifier (draw from the target, accept the equal draft).
+"""experiments.end_to_end.coupled: the coupled verifier (draw from the target, accept the equal draft).
 
 Law: the decoder's whole-continuation joint-law test (enumerable bigram models, chi-square on
 counts, alpha = 1e-6, fixed seeds) with chain and tree drafts of deterministic candidates, and its
@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from experiments import coupled  # noqa: E402
-from experiments.choose_k import PlainDecoding  # noqa: E402
-from experiments.synthetic import markov_callbacks  # noqa: E402
+from experiments.end_to_end import coupled  # noqa: E402
+from experiments.end_to_end.choose_k import PlainDecoding  # noqa: E402
+from experiments.law.synthetic import markov_callbacks  # noqa: E402
 from test_decoder import ALPHA, bigram_pair, continuation_chisquare  # noqa: E402
 from test_decoder_tree import markov_tree_draft, markov_tree_target  # noqa: E402
 

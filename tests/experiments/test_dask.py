@@ -7,7 +7,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 pytest.importorskip("pandas")
 
-from experiments import block, sweep  # noqa: E402
+from experiments.law import block, sweep  # noqa: E402
 
 GRID = {"k": [1, 3], "vocab": [256], "acceptance": [0.7]}
 TIMING = ["cell_s", "setup_s", "verify_s", "us_per_round"]  # wall-clock columns

@@ -1,4 +1,4 @@
-"""``experiments.draft_eval``'s summaries, table and figure on a small made-up run (no model).
+"""``experiments.end_to_end.draft_eval``'s summaries, table and figure on a small made-up run (no model).
 
 The numbers are chosen so that every value the table prints can be checked by hand: the speed-up
 of a config is its tokens/s over plain generate's of the same mode (``hf_assisted_ee`` against
@@ -82,7 +82,7 @@ def test_acceptance_summary_and_table(run, tmp_path):
     out_dir, summary, speed, meta = run
     assert summary["greedy"]["rates"] == [0.5, 0.0] and summary["greedy"]["measured"] == 1.5
     table = tmp_path / "table.md"
-    draft_eval.write_table(summary, speed, meta, table, "python -m experiments.draft_eval")
+    draft_eval.write_table(summary, speed, meta, table, "python -m experiments.end_to_end.draft_eval")
     text = table.read_text()
     assert "draft / target / verify / other" in text and "| 3.00 |" in text  # the drawn tree's nodes per pass
     for config in ("hf_assisted_ee", "sv_greedy_hybrid_auto", "sv_sample_learned_drawn_tree"):

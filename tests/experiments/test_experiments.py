@@ -15,7 +15,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("imageio")
 pytest.importorskip("pandas")
 
-from experiments import block, convergence, figures, paths, simulate, sweep, synthetic  # noqa: E402
+from experiments import convergence, figures, paths  # noqa: E402
+from experiments.law import block, simulate, sweep, synthetic  # noqa: E402
 from experiments import stats as st  # noqa: E402
 
 ALPHA = 1e-6

@@ -1,10 +1,10 @@
-"""experiments.lookup_bound's greedy replays, on hand-checkable token sequences (no model)."""
+"""experiments.end_to_end.lookup_bound's greedy replays, on hand-checkable token sequences (no model)."""
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from experiments import lookup_bound as lb  # noqa: E402
+from experiments.end_to_end import lookup_bound as lb  # noqa: E402
 
 
 def flat(n, is_tree):

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("pandas")
 
-from experiments import sweep  # noqa: E402
+from experiments.law import sweep  # noqa: E402
 
 ALPHA = 1e-3  # family-wise
 GRID = {"k": [1, 2, 4, 8], "vocab": [256, 32000], "acceptance": [0.5, 0.8]}

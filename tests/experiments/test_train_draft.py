@@ -1,4 +1,4 @@
-"""``experiments.train_draft``'s prompts and reduced vocabulary (no model).
+"""``experiments.end_to_end.train_draft``'s prompts and reduced vocabulary (no model).
 
 The draft is judged on held-out prompts (:mod:`experiments.end_to_end.real_model`'s sets): the
 training prompts must not copy them, neither an instruction (no four consecutive words of a

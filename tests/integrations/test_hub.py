@@ -1,4 +1,4 @@
-"""The Hugging Face ``kernels`` repository written by ``python -m specverify.hub build``.
+"""The Hugging Face ``kernels`` repository written by ``python -m specverify.integrations.hub build``.
 
 Sections: layout and metadata; loading offline with ``kernels.get_local_kernel`` and with
 ``LOCAL_KERNELS`` + the seed's ``get_kernel(..., version=1, trust_remote_code=True)`` (network
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 kernels = pytest.importorskip("kernels")
 
 import specverify as sv  # noqa: E402
-from specverify import hub  # noqa: E402
+from specverify.integrations import hub  # noqa: E402
 
 REPO_ID = hub.HUB_REPO_ID  # "phanerozoic/spec-verify", the seed's repository id
 PUBLIC = ["verify_greedy", "accept", "accept_from_uniforms", "SpeculativeDecoder", "law", "reference"]
@@ -299,6 +299,6 @@ def test_seed_usage_snippet_offline_self_contained(built, tmp_path):
 
 
 def test_cli_help():
-    proc = subprocess.run([sys.executable, "-m", "specverify.hub", "build", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "specverify.integrations.hub", "build", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--out" in proc.stdout

@@ -33,7 +33,7 @@ from specverify import stats as st  # noqa: E402
 from specverify.integrations import learned_draft as ld  # noqa: E402
 from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import PromptLookupDraft, Sampling  # noqa: E402
-from specverify.tree_drafts import path_to  # noqa: E402
+from specverify.decoding.tree_drafts import path_to  # noqa: E402
 
 ALPHA = 1e-6
 V = 4
@@ -164,7 +164,7 @@ def test_tap_features_equal_an_uncached_forward(tiny):
 @pytest.mark.parametrize("method,hybrid,auto", [("token", False, False), ("block", True, False), ("token", True, True)])
 def test_learned_draft_preserves_the_joint_law(tiny, method, hybrid, auto):
     """auto: AdaptiveK chooses each round's K from the hybrid's context (which draft proposes)."""
-    from specverify.adaptive import AdaptiveK
+    from specverify.decoding.adaptive import AdaptiveK
 
     model, head = tiny
     k = AdaptiveK(k_max=2, k_min=0) if auto else 2

@@ -119,10 +119,10 @@ def test_tiny_greedy_equals_generate_with_both_drafts(tiny):
 
 
 def test_auto_tree_config_carries_one_policy_and_equals_generate(tiny):
-    """experiments.real_model's ``_auto`` suffix: AdaptiveK chooses each round's tree depth, one
+    """experiments.end_to_end.real_model's ``_auto`` suffix: AdaptiveK chooses each round's tree depth, one
     policy per config carried across runs (``p["_policies"]``), greedy output still generate's."""
-    from experiments import real_model as rm
-    from specverify.adaptive import AdaptiveK
+    from experiments.end_to_end import real_model as rm
+    from specverify.decoding.adaptive import AdaptiveK
 
     class Tokenizer:
         eos_token_id = None
@@ -142,10 +142,10 @@ def test_auto_tree_config_carries_one_policy_and_equals_generate(tiny):
 
 
 def test_warp_compare_configs_swap_only_the_warping(tiny):
-    """experiments.real_model --warp-compare: a ``_torchwarp`` twin makes its rows with the torch
+    """experiments.end_to_end.real_model --warp-compare: a ``_torchwarp`` twin makes its rows with the torch
     warp (and the plain config with sv.warp), ``hf_sample_svwarp`` runs generate with the processor,
     and warp_summary pairs every config with its twin."""
-    from experiments import real_model as rm
+    from experiments.end_to_end import real_model as rm
     from specverify.integrations.transformers import Sampling
 
     sampling = Sampling(greedy=False, temperature=0.8, top_p=0.9)
@@ -343,7 +343,7 @@ def test_auto_reads_prompt_lookups_match_order_and_records_texts_for_the_replay(
     """``k="auto"`` with prompt lookup is told each round's context (match order, + 3 when later text
     contradicted the match; it stays greedy), and
     ``k_replay.record_texts`` writes the greedy continuation ``--texts`` replays."""
-    from experiments import k_replay
+    from experiments.end_to_end import k_replay
 
     model, tok = smol
     prompt = chat(tok, "Repeat exactly: " + COPY_TEXT)

@@ -26,7 +26,7 @@ from specverify.integrations.transformers import (  # noqa: E402
     speculative_callbacks,
     use_grouped_attention,
 )
-from specverify.tree_drafts import path_to  # noqa: E402
+from specverify.decoding.tree_drafts import path_to  # noqa: E402
 
 VOCAB = 97
 PARENTS = [-1, -1, 0, 0, 1, 2, 2, 4, -1, 5]  # 10 nodes, depth 4, a lone root child (8)

@@ -36,7 +36,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import specverify as sv  # noqa: E402
-from specverify import reference, reference_tree, reference_warp  # noqa: E402
+from specverify import reference  # noqa: E402
+from specverify.reference import tree as reference_tree, warp as reference_warp  # noqa: E402
 
 torch = pytest.importorskip("torch")
 

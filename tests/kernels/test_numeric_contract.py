@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import reference, reference_tree
+from specverify import reference
+from specverify.reference import tree as reference_tree
 from specverify.kernels import _kernels
 
 pytestmark = pytest.mark.emulated

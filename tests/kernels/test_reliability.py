@@ -441,7 +441,7 @@ def test_threads_drawing_from_torch_generators_equal_serial_results():
 
 def _decoder_callbacks(greedy):
     pytest.importorskip("torch")
-    from experiments.synthetic import BigramModel, markov_callbacks, random_bigram
+    from experiments.law.synthetic import BigramModel, markov_callbacks, random_bigram
 
     rng = np.random.default_rng(3)
     target, draft = BigramModel(random_bigram(rng, 6, 1.0)), BigramModel(random_bigram(rng, 6, 1.0))

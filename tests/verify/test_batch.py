@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import batch, law, stats
+from specverify import law, stats
+from specverify.reference import batch as reference_batch
+from specverify.verify import batch
 
 from conftest import EMULATED, random_probability_rows, scaled, softmax_rows
 from test_ops_statistics import ALPHA, law_pvalues, pmf_pvalues
@@ -279,10 +281,22 @@ def test_batch_equals_the_reference():
     rng = np.random.default_rng(20)
     for case in range(scaled(25, 5)):
         args = random_batch(rng, int(rng.integers(1, 8)), int(rng.choice((3, 257, 600))))
-        want = batch.reference_verify_batch(**args)
+        want = reference_batch.verify_batch(**args)
         got = sv.verify_batch(**args, num_threads=2)
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_reference_methods_are_the_kernels():
+    # the reference reads integer methods as indices of its own METHODS: the kernel's order
+    assert reference_batch.METHODS == sv.BATCH_METHODS
+    rng = np.random.default_rng(22)
+    args = random_batch(rng, 5, 40)
+    codes = [sv.BATCH_METHODS.index(m) for m in args["method"]]
+    want = reference_batch.verify_batch(**args)
+    got = reference_batch.verify_batch(**{**args, "method": codes})
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 @pytest.mark.emulated

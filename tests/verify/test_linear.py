@@ -261,8 +261,8 @@ def test_fast_linears_switch_score_and_restore(monkeypatch):
     with use_fast_linears(model, num_threads=2) as handle:
         assert len(handle.modules) == n_linear == 2 * 7 + 1
         calls = []
-        original = sv.ops.linear
-        monkeypatch.setattr(sv.ops, "linear", lambda *a, **k: calls.append(1) or original(*a, **k))
+        original = sv.verify.linear
+        monkeypatch.setattr(sv.verify, "linear", lambda *a, **k: calls.append(1) or original(*a, **k))
         with torch.no_grad():
             after = model(ids).logits
         monkeypatch.undo()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import law, reference_tree
+from specverify import law
+from specverify.reference import tree as reference_tree
 
 from exact import compose_rounds, exact_law, inverse_cdf_cuts, markov_joint, total_variation
 from tree_rules import (against_original_p, double_counting_target_only, duplicates_merged, rule_of,

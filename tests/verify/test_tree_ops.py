@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import specverify as sv
-from specverify import reference_tree
+from specverify.reference import tree as reference_tree
 
 from conftest import random_probability_rows, scaled
 

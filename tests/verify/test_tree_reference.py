@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specverify import reference, reference_tree
+from specverify import reference
+from specverify.reference import tree as reference_tree
 
 from conftest import draw_from_rows, random_probability_rows, scaled
 

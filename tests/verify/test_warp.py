@@ -3,7 +3,7 @@ its own definition, bad input, and the law of accept rerun from logits (with pow
 
 Sections:
 - exp32: accuracy against np.exp, exact values at 0 and -inf;
-- the reference (``specverify.reference_warp``) against the definitions it states (cut sets are
+- the reference (``specverify.reference.warp``) against the definitions it states (cut sets are
   rank-order prefixes with the stated masses), so the bit-for-bit tests compare with the right
   thing;
 - the kernel against the reference, bit for bit: random rows of several families and the edge
@@ -21,7 +21,7 @@ import pytest
 
 import specverify as sv
 from specverify import reference as ref
-from specverify import reference_warp as rw
+from specverify.reference import warp as rw
 
 from conftest import scaled
 from test_ops_statistics import ROUNDS, law_test_passes
