@@ -1,6 +1,6 @@
 """The learned draft on held-out text: acceptance per position against the law, and speed end to end.
 
-``python -m experiments.draft_eval`` loads SmolLM2-135M-Instruct and the shipped learned draft
+``python -m experiments.end_to_end.draft_eval`` loads SmolLM2-135M-Instruct and the shipped learned draft
 (:mod:`specverify.integrations.learned_draft`, trained by :mod:`experiments.end_to_end.train_draft`
 on package documentation and code, never on these prompts) and, on the project's held-out prompt
 sets (:data:`experiments.end_to_end.real_model.HELDOUT_PROMPTS`, ``HELDOUT_PROMPTS_2``; open text,
@@ -255,7 +255,7 @@ def write_table(summary, speed, meta, out_path, command):
                 else f"{info.get('vocab_coverage', '?')} of the training tokens")
              + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
-             + f"); its last `python -m experiments.train_draft` call took {info.get('minutes', '?')} min here "
+             + f"); its last `python -m experiments.end_to_end.train_draft` call took {info.get('minutes', '?')} min here "
              "(data shards already on disk are reused).", "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
@@ -382,7 +382,7 @@ def plot(out_dir, out_path=None):
         ax.set_xlabel("x plain generate (bar: pooled over prompts; ticks: each prompt)")
         ax.set_title(f"end to end, {meta['n_prompts']} held-out prompts, one thread")
         ax.legend(fontsize=8, loc="lower right")
-    fig.text(0.01, 0.01, f"python -m experiments.draft_eval; K = {k}, {meta['max_new']} new tokens; "
+    fig.text(0.01, 0.01, f"python -m experiments.end_to_end.draft_eval; K = {k}, {meta['max_new']} new tokens; "
              f"{meta['utc'][:10]}, git {meta.get('git_revision', '?')}", fontsize=7, color="#555555")
     return real_model._save(fig, out_path or paths.MEDIA_DIR / FIGURE)
 
@@ -470,7 +470,7 @@ def main(argv=None):
 
     from specverify.integrations import learned_draft
 
-    ap = argparse.ArgumentParser(prog="python -m experiments.draft_eval", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.end_to_end.draft_eval", description=__doc__.split("\n")[0])
     ap.add_argument("--k", type=int, default=4, help="draft tokens per round (the learned configs)")
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--prompt-sets", default="heldout,heldout2", help=f"comma-separated, of {sorted(PROMPT_SETS)}")
@@ -503,7 +503,7 @@ def main(argv=None):
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
     out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
                                                 repeats=args.repeats))
-    command = "python -m experiments.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    command = "python -m experiments.end_to_end.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     command = command.replace(" --table-only", "")
     if args.table_only:  # from the cached run of these parameters (its summary recomputed from its records)
         if not (out_dir / "meta.json").is_file():

@@ -1,4 +1,4 @@
-"""Train the learned draft for SmolLM2-135M on this CPU, offline: ``python -m experiments.train_draft``.
+"""Train the learned draft for SmolLM2-135M on this CPU, offline: ``python -m experiments.end_to_end.train_draft``.
 
 The draft is :class:`specverify.integrations.learned_draft.FeatureHead` (EAGLE-style: one decoder
 layer over the target's last hidden state and the next token's embedding, the target's frozen norm
@@ -46,7 +46,7 @@ written to the run's folder (``draft.safetensors``) or to ``--out``, with the pa
 sources and token counts and the losses in its metadata. Nothing is written over the shipped
 draft (:data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`) unless ``--out`` names
 it; the defaults are the shipped draft's parameters, so
-``python -m experiments.train_draft --out specverify/integrations/data/smollm2_draft.safetensors``
+``python -m experiments.end_to_end.train_draft --out specverify/integrations/data/smollm2_draft.safetensors``
 reproduces it. ``--tiny`` is the CI-sized run (a handful of prompts, a few steps, a small
 vocabulary; it says which options it overrides and refuses to write over the shipped draft).
 """
@@ -713,7 +713,7 @@ def _number(kind, low=None, high=None, low_open=False, high_open=False):
 
 def parse_args(argv=None):
     positive, count = _number(int, 1), _number(int, 0)
-    parser = argparse.ArgumentParser(prog="python -m experiments.train_draft", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m experiments.end_to_end.train_draft", description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=count, default=1920, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")

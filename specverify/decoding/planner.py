@@ -16,7 +16,7 @@ candidates on that one scale and proposes the best, each round:
 - a **deterministic** candidate (prompt lookup: its proposal is a function of the prefix, and
   free) is drafted first, every round; its ``S_i`` are per-position acceptance rates learned
   from history, position 1's per draft context (its ``context(prefix)``: the match's order, and
-  whether later text contradicted it), exactly as :class:`~specverify.adaptive.AdaptiveK`
+  whether later text contradicted it), exactly as :class:`~specverify.decoding.adaptive.AdaptiveK`
   learns them (one per candidate); the planner may propose any prefix of it. Rounds that used
   another proposal still teach it: the next round's prefix shows which of its tokens the
   target emitted (an emitted token has the target's law whatever was proposed, so the count
@@ -28,7 +28,7 @@ candidates on that one scale and proposes the best, each round:
   a *reliability curve* (the acceptance observed at each confidence, per candidate, Beta counts
   with the identity as prior: an over-confident draft is corrected as rounds are seen); later
   positions are predicted as ``c_i top^{l - i}``. Whether to run it at all is decided before
-  its first forward, from its history (an :class:`~specverify.adaptive.AdaptiveK` of its own);
+  its first forward, from its history (an :class:`~specverify.decoding.adaptive.AdaptiveK` of its own);
   if its gate then stops before the first token, the round falls back to the best
   deterministic proposal or to nothing;
 - any other candidate (a stochastic chain without ``gate``, a drawn tree) is valued from its
@@ -186,7 +186,7 @@ class Planner:
         ``T(n)`` and each candidate's ``D(k)`` (by its name; a name not measured is timed
         online). ``None``: every cost is learned from this planner's timings (``clock``): a
         target pass's seconds by the tokens it scored (unseen lengths priced optimistically, as
-        :class:`~specverify.adaptive.AdaptiveK` does), each draft's by the rows it computed.
+        :class:`~specverify.decoding.adaptive.AdaptiveK` does), each draft's by the rows it computed.
     k_max : int
         The longest proposal (tree depth) of any round.
     explore_every : int
@@ -194,7 +194,7 @@ class Planner:
         candidate even where another looks better, so that its history does not freeze on the
         prior's first verdict (a gated chain still stops where its own rows say).
     prior_rate, prior_strength, decay, context_weight : float
-        As :class:`~specverify.adaptive.AdaptiveK`'s (each candidate's history is one).
+        As :class:`~specverify.decoding.adaptive.AdaptiveK`'s (each candidate's history is one).
     reliability : callable
         Returns a fresh :class:`Reliability`, one per gated candidate.
     clock : callable

@@ -204,7 +204,7 @@ def load(target, path=None) -> FeatureHead:
 
     path = Path(path) if path is not None else DEFAULT_WEIGHTS
     if not path.is_file():
-        raise FileNotFoundError(f"no learned draft at {path}: train one with python -m experiments.train_draft")
+        raise FileNotFoundError(f"no learned draft at {path}: train one with python -m experiments.end_to_end.train_draft")
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
@@ -438,7 +438,7 @@ class _PairCache:
 #: The gate :func:`learned_callbacks` sets (``min_confidence``) per mode, ``{"greedy": c, "sample": c}``.
 #: A drafted token costs ~0.11 of a plain step on SmolLM2 (a draft step ~0.08, its row in the target
 #: pass ~0.03), so a position pays when it is reached and accepted more often than that. Chosen on
-#: prompts of the training kind the draft never saw (``python -m experiments.draft_eval
+#: prompts of the training kind the draft never saw (``python -m experiments.end_to_end.draft_eval
 #: --prompt-sets tuning --skip-speed``: the gate statistic's calibration), never on the held-out sets:
 #: greedy positions with ``c_i`` in [0.05, 0.1) were reached and accepted at 0.08, in [0.1, 0.2) at
 #: 0.21; sampling ones (reached x overlap) in [0.2, 0.3) at 0.08, in [0.3, 0.5) at 0.16.
@@ -595,7 +595,7 @@ class LearnedTreeDraft(_PairCache):
     (``probs [N + 1, V]``) for :func:`specverify.accept_tree`'s stochastic rules:
     ``"without_replacement"`` (one after another, siblings distinct, by Gumbel-top-k: recursive
     rejection sampling, EAGLE / Jeon et al. 2024) or ``"with_replacement"`` (i.i.d.; SpecInfer's
-    rule; :attr:`~specverify.tree_drafts.DraftTree.replacement` set). A drawn tree is never
+    rule; :attr:`~specverify.decoding.tree_drafts.DraftTree.replacement` set). A drawn tree is never
     reranked (dropping a drawn child for its own probability would bias what is kept): each level
     expands the ``beam`` drawn nodes of highest path probability, which draw up to ``top_k``
     children each while ``node_budget`` lasts, best node first. Every choice of shape reads the
@@ -770,7 +770,7 @@ class HybridDraft:
     returned as a tree (a chain is the tree ``parents = [-1, 0, ..., j - 2]``, deterministic
     children), so every round is a tree round.
 
-    :meth:`context` tells a policy (:class:`~specverify.adaptive.AdaptiveK`) which of the two
+    :meth:`context` tells a policy (:class:`~specverify.decoding.adaptive.AdaptiveK`) which of the two
     drafts the round's proposal comes from: the lookup's match context, or :data:`LEARNED_CONTEXT`.
     Without it a policy pools the two, and the learned draft's rejections price the lookup's
     copies out as well (a hybrid under ``AdaptiveK`` drafted 0.42 tokens per pass where lookup

@@ -267,7 +267,7 @@ def specverify_as_flashinfer(method="token"):
     ``f(draft_probs [B, n, V] or None, draft_token_ids [B, n], uniform_samples [B, n + 1],
     target_probs [B, n + 1, V]) -> (output_token_ids [B, n + 1] int32, emitted_draft_num [B])``.
 
-    Request b's drafts end at its first -1 (``specverify.batch.from_flashinfer``); it uses
+    Request b's drafts end at its first -1 (``specverify.verify.batch.from_flashinfer``); it uses
     ``uniform_samples[b, :K_b]`` as coins and ``uniform_samples[b, n]`` for the final draw.
     FlashInfer's ``output_accepted_token_num`` (independent passes, accumulated) is not produced.
     """

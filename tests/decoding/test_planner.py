@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import specverify as sv  # noqa: E402
 from experiments.synthetic import BigramModel, markov_callbacks  # noqa: E402
 from specverify import law  # noqa: E402
-from specverify.adaptive import RoundRecord  # noqa: E402
+from specverify.decoding.adaptive import RoundRecord  # noqa: E402
 from specverify.decoding.planner import Candidate, Planner, Reliability, _Choice  # noqa: E402
 
 from test_decoder import ALPHA, bigram_pair, continuation_chisquare  # noqa: E402
