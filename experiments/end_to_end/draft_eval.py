@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -236,8 +237,8 @@ def gate_calibration(records):
 
 
 def _write_csv(path, rows):
-    if rows:
-        real_model._write_csv(path, rows, list(rows[0]))
+    if rows:  # every row's columns (a planner's rows have "won")
+        real_model._write_csv(path, rows, list(dict.fromkeys(key for row in rows for key in row)))
 
 
 def write_table(summary, speed, meta, out_path, command):
@@ -293,13 +294,15 @@ def write_table(summary, speed, meta, out_path, command):
     if speed:
         lines += ["## Speed end to end (tokens/s ratios to plain generate, same prompts, side by side)", "",
                   "| config | tokens/s | x plain | min x over prompts | tokens/pass | drafted/pass "
-                  "| draft / target / verify / other | greedy == generate |",
-                  "|---|--:|--:|--:|--:|--:|--:|--:|"]
+                  "| draft / target / verify / other | greedy == generate |"
+                  + (" rounds won (planner) |" if any(x.get("won") for x in speed) else ""),
+                  "|---|--:|--:|--:|--:|--:|--:|--:|" + ("---|" if any(x.get("won") for x in speed) else "")]
         for s in speed:
             per_pass = s.get("drafted_per_round", float("nan"))
             lines.append(f"| {s['config']} | {s['tokens_per_s']:.1f} | {s['ratio']:.2f} | {s['min_ratio']:.2f} | "
                          f"{s['tokens_per_round']:.2f} | {'' if math.isnan(per_pass) else f'{per_pass:.2f}'} | "
-                         f"{s.get('shares', s.get('draft_share', ''))} | {s['same']} |")
+                         f"{s.get('shares', s.get('draft_share', ''))} | {s['same']} |"
+                         + (f" {s.get('won', '')} |" if any(x.get("won") for x in speed) else ""))
         lines += ["", "Drafted/pass: the draft tokens (tree nodes) the target scores per pass, besides the one "
                   "token a plain step scores. Shares: of the decoder's wall time, the draft's calls, the target's passes, verification "
                   "(the accept ops) and the rest (the decoder's own bookkeeping). `hf_assisted_ee`: transformers' "
@@ -461,8 +464,25 @@ def speed_summary(rows):
                         tokens_per_round=new / passes,
                         drafted_per_round=sum(drafted) / passes if drafted and not any(map(math.isnan, drafted))
                         else float("nan"),
-                        shares=shares, same=f"{sum(same)}/{len(same)}" if same else ""))
+                        shares=shares, same=f"{sum(same)}/{len(same)}" if same else "", won=_won(rs)))
     return out
+
+
+def _won(rows) -> str:
+    """A planner config's share of rounds won by each candidate, pooled over its runs ("" for others)."""
+    counts = {}
+    for r in rows:
+        for item in filter(None, str(r.get("won") or "").split(";")):
+            name, n = item.rsplit(":", 1)
+            counts[name] = counts.get(name, 0) + int(n)
+    total = sum(counts.values())
+    return ", ".join(f"{name} {n / total:.2f}" for name, n in sorted(counts.items())) if total else ""
+
+
+def _media_name(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9_]+", text):
+        raise argparse.ArgumentTypeError(f"must be lowercase letters, digits and _, got {text!r}")
+    return text
 
 
 def main(argv=None):
@@ -482,6 +502,8 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default=TABLE[:-3], type=_media_name,
+                    help="the table and figure written: media/<name>.md and .png (a subset of configs may get its own)")
     ap.add_argument("--table-only", action="store_true",
                     help="rewrite media/learned_draft.md and media/learned_draft.png from the cached run")
     args = ap.parse_args(argv)
@@ -522,8 +544,9 @@ def main(argv=None):
         speed = meta["speed"]
         if (out_dir / "runs.csv").is_file():  # recomputed: the table's columns may be newer than the run
             speed = speed_summary([_numbers(r) for r in real_model.read(out_dir / "runs.csv")])
-        write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
-        print(f"wrote {paths.MEDIA_DIR / TABLE} and {plot(out_dir)} from {out_dir}")
+        write_table(summary, speed, meta, paths.MEDIA_DIR / f"{args.name}.md", command)
+        print(f"wrote {paths.MEDIA_DIR / args.name}.md and {plot(out_dir, paths.MEDIA_DIR / f'{args.name}.png')} "
+              f"from {out_dir}")
         return
     load_before = os.getloadavg()
     model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
@@ -531,7 +554,7 @@ def main(argv=None):
     params["_head"] = head
     from specverify import law
 
-    cost_file = law.cost_cache_path("smollm2", threads=1)
+    cost_file = law.cost_cache_path("smollm2-fast", threads=1)  # real_model runs every row on the fast linears
     params["_costs"] = law.load_costs(cost_file)  # the planner's costs: calibrated here, or learned online (None)
     print(f"planner costs: {cost_file if params['_costs'] is not None else 'none cached: learned online'}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -559,8 +582,8 @@ def main(argv=None):
         print(f"tuning run: {out_dir / 'meta.json'} (media/{TABLE} is written from held-out sets only)")
         return
     paths.MEDIA_DIR.mkdir(parents=True, exist_ok=True)
-    write_table(summary, speed, meta, paths.MEDIA_DIR / TABLE, command)
-    print(f"wrote {paths.MEDIA_DIR / TABLE} and {plot(out_dir)}")
+    write_table(summary, speed, meta, paths.MEDIA_DIR / f"{args.name}.md", command)
+    print(f"wrote {paths.MEDIA_DIR / args.name}.md and {plot(out_dir, paths.MEDIA_DIR / f'{args.name}.png')}")
 
 
 if __name__ == "__main__":

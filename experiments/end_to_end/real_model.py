@@ -386,6 +386,8 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
         seconds = time.perf_counter() - t0
         st = dec.stats
         passes = st.rounds
+        if hasattr(draft_step, "choices"):  # a planner: rounds won by each candidate ("none": a plain step)
+            row["won"] = ";".join(f"{name or 'none'}:{n}" for name, n in sorted(draft_step.choices.items(), key=str))
         row.update(drafted=sum(st.drafted), accepted=sum(st.accepted), acceptance=st.acceptance_rate, draft_s=st.draft_time, target_s=st.target_time,
                    verify_s=st.verify_time,
                    other_s=seconds - st.draft_time - st.target_time - st.verify_time,

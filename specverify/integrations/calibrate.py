@@ -99,7 +99,7 @@ def _load_model(name: str):
     if name == "smollm2":
         from . import smollm2
 
-        return smollm2.load()
+        return smollm2.load()[0]  # (model, tokenizer)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(name, local_files_only=True, torch_dtype=torch.float32).eval()

@@ -16,9 +16,11 @@ channels up to ~4400 while ``E[x]`` has ~0.11, so without them the token reaches
 of its input and the head learns to ignore it (a Medusa head two tokens ahead: a random token in
 place of the true one left its top-1 nearly unchanged); and a fed-back ``f`` is free in scale (the
 feature loss compares normalized features), so later draft steps would see ever larger inputs.
-Normalized, both halves enter at unit RMS at every step. ``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head
-rows for the ``V_r`` most frequent tokens of the training text (``vocab_ids``): both are taken from
-the target when the draft is built, so the shipped file holds only ``fc``, the layer and
+Normalized, both halves enter at unit RMS at every step.
+
+``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head rows for the ``V_r`` tokens
+most frequent in the target's own answers (``vocab_ids``): both are taken from the target when the
+draft is built, so the shipped file holds only ``n_h``, ``n_e``, ``fc``, the layer and
 ``vocab_ids``. A drafted token outside the reduced vocabulary has draft probability 0: the draft's
 rows are true distributions over the full vocabulary, and verification stays exact.
 
@@ -435,7 +437,8 @@ class _PairCache:
         return f[0, -1], logits[0, -1]
 
 
-#: The gate :func:`learned_callbacks` sets (``min_confidence``) per mode, ``{"greedy": c, "sample": c}``.
+#: The gate :func:`learned_callbacks` sets (``min_confidence``) per mode, ``{"greedy": c, "sample": c}``,
+#: as chosen for the draft before the normalized inputs (not yet retuned for the shipped one).
 #: A drafted token costs ~0.11 of a plain step on SmolLM2 (a draft step ~0.08, its row in the target
 #: pass ~0.03), so a position pays when it is reached and accepted more often than that. Chosen on
 #: prompts of the training kind the draft never saw (``python -m experiments.end_to_end.draft_eval

@@ -94,3 +94,18 @@ def test_the_figure_is_drawn_from_the_cached_run(run, tmp_path):
     path = draft_eval.plot(out_dir, tmp_path / "learned_draft.png")
     assert path.is_file() and path.stat().st_size > 10_000
     assert real_model.read(out_dir / "runs.csv")[0]["config"] == "hf_greedy"
+
+
+def test_planner_rounds_won_and_training_tokens_are_described():
+    rows = [{"won": "learned:3;lookup:5;none:2"}, {"won": "lookup:10"}, {"won": ""}]
+    assert draft_eval._won(rows) == "learned 0.15, lookup 0.75, none 0.10"
+    assert draft_eval._won([{"config": "sv_greedy_lookup"}]) == ""
+    info = {"tokens_by_kind": {"answers": 1000, "answers_trained": 600, "documents": 50}}
+    assert draft_eval._by_kind(info) == " (1,000 answers, of them 600 trained on, 50 documents)"
+
+
+@pytest.mark.parametrize("name", ["Planner", "../x", "a b", ""])
+def test_a_table_name_outside_media_is_refused(name, capsys):
+    with pytest.raises(SystemExit) as info:
+        draft_eval.main(["--name", name, "--table-only"])
+    assert info.value.code == 2 and "--name" in capsys.readouterr().err

