@@ -532,6 +532,19 @@ def test_greedy_output_equals_generate(smol, hybrid, tree):
     assert dec.stats.rounds < 24
 
 
+def test_learned_is_a_draft_name_of_speculative_callbacks(smol):
+    from specverify.integrations.transformers import speculative_callbacks
+
+    model, tokenizer, _ = smol
+    ids = _chat(tokenizer, "Write two sentences about the sea.")
+    draft, target = speculative_callbacks(model, "learned", greedy=True)
+    assert isinstance(draft, ld.HybridDraft) and isinstance(draft.learned, ld.LearnedDraft)
+    dec = sv.SpeculativeDecoder(draft, target, k=4, greedy=True)
+    assert dec.generate(ids, 12).tolist() == model.generate(ids[None], max_new_tokens=12, do_sample=False)[0].tolist()
+    draft, _ = speculative_callbacks(model, "learned", greedy=False, tree=True, generator=torch.Generator().manual_seed(0))
+    assert isinstance(draft.learned, ld.LearnedTreeDraft)
+
+
 @pytest.mark.parametrize("text", ["Name three rivers in Europe and say one thing about each.",
                                   "Write a Python function that reverses a string."])
 def test_tree_greedy_output_equals_generate(smol, text):

@@ -30,7 +30,11 @@ def speculative_callbacks(
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder`.
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
-    the string ``"prompt_lookup"``, or any ``draft_step`` callable (used as is). ``tree=True``
+    the string ``"prompt_lookup"``, the string ``"learned"`` (the shipped learned draft for
+    SmolLM2-135M after prompt lookup:
+    :func:`~specverify.integrations.learned_draft.learned_callbacks` with its defaults, a
+    :class:`~specverify.integrations.learned_draft.LearnedTreeDraft` with ``tree=True``), or any
+    ``draft_step`` callable (used as is). ``tree=True``
     makes the model or prompt-lookup draft propose trees of up to ``node_budget`` nodes
     (:class:`CausalLMTreeDraft`, :class:`PromptLookupTreeDraft`; the decoder's ``k`` is then
     their depth) and the target score them in one forward. One
@@ -52,16 +56,21 @@ def speculative_callbacks(
     that callback's KV cache; the next call rebuilds it, and its output is an uninterrupted run's.
     """
     _inputs.flag(tree, "tree")
+    if isinstance(draft, str) and draft == "learned":  # its own module builds the target and the draft
+        from ..learned_draft import learned_callbacks
+
+        return learned_callbacks(target_model, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 min_p=min_p, generator=generator, tree=tree, node_budget=node_budget)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):
         draft_step = CausalLMTreeDraft(draft, node_budget) if tree else CausalLMDraft(draft, sampling, generator)
     elif isinstance(draft, str):
         if draft != "prompt_lookup":
-            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup' or a callable")
+            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup', 'learned' or a callable")
         draft_step = PromptLookupTreeDraft(node_budget) if tree else PromptLookupDraft()
     elif callable(draft):
         draft_step = draft
     else:
-        raise TypeError(f"draft must be a model, 'prompt_lookup' or a callable, got {type(draft).__name__}")
+        raise TypeError(f"draft must be a model, 'prompt_lookup', 'learned' or a callable, got {type(draft).__name__}")
     return draft_step, target_step
