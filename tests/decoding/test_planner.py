@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import specverify as sv  # noqa: E402
-from experiments.synthetic import BigramModel, markov_callbacks  # noqa: E402
+from experiments.law.synthetic import BigramModel, markov_callbacks  # noqa: E402
 from specverify import law  # noqa: E402
 from specverify.decoding.adaptive import RoundRecord  # noqa: E402
 from specverify.decoding.planner import Candidate, Planner, Reliability, _Choice  # noqa: E402
