@@ -303,7 +303,7 @@ class RerankedDrawnTree(ld.LearnedTreeDraft):
     ``keep`` nodes of highest path probability (and their ancestors) are kept, so a drawn child
     survives for its own probability and the kept siblings are not the draws the rows describe."""
 
-    keep = 2
+    keep = 1
 
     def __call__(self, prefix, k):
         tree = super().__call__(prefix, k)
@@ -380,18 +380,18 @@ def test_drawn_tree_shape(tiny):
 
 # The gated-draft tests: at temperature 3 the tiny draft's rows have tops of 0.7-0.9 at the first
 # position, so a gate of 0.8 leaves some rounds empty and opens others.
-GATE, GATE_WARP = 0.8, dict(temperature=3.0, top_k=0, top_p=1.0)
+GATE, GATE_WARP = 0.65, dict(temperature=3.0, top_k=0, top_p=1.0)
 
 
 class DropsUnlikelyDraws(ld.LearnedDraft):
     """Broken (a gate on the drawn token): a drawn token is dropped, with everything after it,
-    when the draft's probability of that very token is below 0.6, so a kept token has the law
+    when the draft's probability of that very token is below 0.4, so a kept token has the law
     ``q_i`` conditioned on being likely, not ``q_i``."""
 
     def __call__(self, prefix, k, stop=None):
         tokens, probs = super().__call__(prefix, k, stop)
         for i in range(tokens.numel()):
-            if probs[i, tokens[i]] / probs[i].sum() < 0.6:
+            if probs[i, tokens[i]] / probs[i].sum() < 0.4:
                 return tokens[:i], probs[:i]
         return tokens, probs
 
