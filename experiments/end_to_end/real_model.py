@@ -30,6 +30,12 @@ children drawn without / with replacement, verified by the stochastic tree rules
 ``LEARNED_CONFIGS`` lists them. Every learned draft is gated at
 ``p["min_confidence"]`` (a number, ``{"greedy": c, "sample": c}``, or None: :data:`~specverify.integrations.learned_draft.DEFAULT_MIN_CONFIDENCE` of the mode);
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
+``_planned`` (``sv_greedy_planned``, ``sv_sample_planned``, ``_block``, ``_tree``): each round the
+:class:`~specverify.decoding.planner.Planner` of
+:func:`~specverify.integrations.planned.planned_callbacks` proposes prompt lookup's copy, the
+learned chain (``_tree``: or the learned tree) or nothing, with ``k="auto"`` and the costs in
+``p["_costs"]`` (calibrated, or None: learned online); a row's ``won`` counts the rounds each
+candidate won.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
 :class:`~specverify.decoding.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
