@@ -32,19 +32,23 @@ BLOCK_PNG = "block.png"
 _PACKAGES = ("specverify", "numpy", "scipy", "torch", "pandas", "matplotlib", "imageio", "pillow")
 
 
-def params_key(experiment: str, params: dict) -> str:
-    """A short stable hash of an experiment's parameters and the package version (the cache key)."""
+def params_key(experiment: str, params: dict, versioned: bool = True) -> str:
+    """A short stable hash of an experiment's parameters and the package version (the cache key).
+
+    ``versioned=False`` leaves the package version out: for data whose making the parameters
+    describe completely (the target's answers), so a release does not throw away hours of shards.
+    """
     from specverify import __version__
 
-    blob = json.dumps({"experiment": experiment, "cache": CACHE_VERSION, "specverify": __version__,
-                       "params": params},
+    blob = json.dumps({"experiment": experiment, "cache": CACHE_VERSION,
+                       "specverify": __version__ if versioned else None, "params": params},
                       sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def result_dir(experiment: str, params: dict, root: Path | str | None = None) -> Path:
+def result_dir(experiment: str, params: dict, root: Path | str | None = None, versioned: bool = True) -> Path:
     """``<root>/<experiment>/<key>``: where one parameter set's results live."""
-    return Path(root if root is not None else RESULTS_DIR) / experiment / params_key(experiment, params)
+    return Path(root if root is not None else RESULTS_DIR) / experiment / params_key(experiment, params, versioned)
 
 
 def git_revision() -> str:

@@ -773,9 +773,9 @@ def main(argv=None):
     shard_params = {k: getattr(args, k) for k in ("seed", "max_files")}
     args.answers_dir = paths.result_dir(EXPERIMENT, {"answers": {**shard_params, "gen_batch": args.gen_batch,
                                                                    "max_new": args.max_new, "prompts_version": PROMPTS_VERSION}},
-                                        args.results)
+                                        args.results, versioned=False)
     args.documents_dir = paths.result_dir(EXPERIMENT, {"documents": {**shard_params, "doc_batch": args.doc_batch,
-                                                                       "doc_len": args.doc_len}}, args.results)
+                                                                       "doc_len": args.doc_len}}, args.results, versioned=False)
     data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "documents", "doc_batch", "doc_len", "seed")}
     if args.max_files != 6000:
         data_params["max_files"] = args.max_files
