@@ -301,9 +301,15 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
     if "_planned" in config:  # the planner over lookup, the learned chain (and tree): k="auto"
         from specverify.integrations.planned import planned_callbacks
 
-        return planned_callbacks(model, p["_head"], costs=p.get("_costs"), greedy=greedy, generator=generator,
-                                 tree=config.endswith("_tree"), node_budget=p["node_budget"], k_max=p.get("k_learned", 4),
-                                 **sample)
+        # one planner per config over the run, as a user keeps one (p["_policies"], set by _run_prompts):
+        # what it learned of the learned draft carries from prompt to prompt, lookup's starts over
+        policies = p.get("_policies", {})
+        if config not in policies:
+            policies[config] = planned_callbacks(model, p["_head"], costs=p.get("_costs"), greedy=greedy,
+                                                 generator=generator, tree=config.endswith("_tree"),
+                                                 node_budget=p["node_budget"], k_max=p["k_lookup"],
+                                                 k_learned=p.get("k_learned", 4), **sample)
+        return policies[config]
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
         from specverify.integrations.learned_draft import learned_callbacks
 

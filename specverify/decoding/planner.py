@@ -190,9 +190,19 @@ class Planner:
     k_max : int
         The longest proposal (tree depth) of any round.
     explore_every : int
-        Every ``explore_every``-th round (0: never) runs the best gated or history-valued
-        candidate even where another looks better, so that its history does not freeze on the
-        prior's first verdict (a gated chain still stops where its own rows say).
+        A gated or history-valued candidate that has not run for ``explore_every`` rounds (0:
+        never) is run even where another looks better, so that its history does not freeze on
+        the prior's first verdict (a gated chain still stops where its own rows say). Each such
+        forced run after which it still does not look best doubles its wait (up to
+        ``64 * explore_every``); a round it wins on its own merit resets the wait. A draft that does
+        not pay thus costs ever fewer wasted calls, and one that starts to pay is found again
+        (with ``carry=0`` the waits start over with each sequence, as the counts do).
+    carry : float
+        The share of a model draft's (any candidate not ``deterministic``) acceptance counts kept
+        from one sequence to the next (:meth:`begin`): its acceptance is a property of the two
+        models, so by default (1) it is learned once, not paid for again with every prompt. A
+        deterministic candidate (prompt lookup) depends on the prompt: it starts each sequence
+        from the prior (its per-context record across sequences is kept, as AdaptiveK keeps it).
     prior_rate, prior_strength, decay, context_weight : float
         As :class:`~specverify.decoding.adaptive.AdaptiveK`'s (each candidate's history is one).
     reliability : callable
@@ -207,8 +217,8 @@ class Planner:
     greedy = None  # set from the candidates that declare a mode
 
     def __init__(self, candidates: Sequence[Candidate], costs: Optional[MeasuredCosts] = None, *, k_max: int = 8,
-                 explore_every: int = 10, prior_rate: float = 0.95, prior_strength: float = 3.0, decay: float = 0.98,
-                 context_weight: float = 1.0, reliability: Callable[[], Reliability] = Reliability,
+                 explore_every: int = 10, carry: float = 1.0, prior_rate: float = 0.95, prior_strength: float = 3.0,
+                 decay: float = 0.98, context_weight: float = 1.0, reliability: Callable[[], Reliability] = Reliability,
                  clock: Callable[[], float] = time.perf_counter):
         candidates = list(candidates) if isinstance(candidates, (list, tuple)) else candidates
         if not isinstance(candidates, list) or not candidates or not all(isinstance(c, Candidate) for c in candidates):
@@ -235,14 +245,19 @@ class Planner:
         self.stop = None  # the decoder's stop rule: the planner cuts its own proposals
         self._history_args = dict(prior_rate=prior_rate, prior_strength=prior_strength, decay=decay,
                                   context_weight=context_weight, explore_every=0)
-        AdaptiveK(k_max=1, **self._history_args)  # checks the arguments once, naming them
+        AdaptiveK(k_max=1, carry=carry, **self._history_args)  # checks the arguments once, naming them
+        self.carry = float(carry)
         self._make_reliability = reliability
         self.reset()
 
     def reset(self) -> None:
         """Forget every estimate (rates, reliability, online costs)."""
-        self.history = {c.name: AdaptiveK(k_max=min(c.k_max, self.k_max), **self._history_args)
+        self.history = {c.name: AdaptiveK(k_max=min(c.k_max, self.k_max), carry=0.0 if c.deterministic else self.carry,
+                                          **self._history_args)
                         for c in self.candidates}
+        # rounds since each planned candidate last ran, and how long it waits to be explored
+        self._idle = {c.name: 0 for c in self.candidates if not c.deterministic}
+        self._wait = {c.name: self.explore_every for c in self.candidates if not c.deterministic}
         self.reliability = {c.name: self._make_reliability() for c in self.candidates if c.gated}
         self.target_fit = _CostCurve(0.98, self.k_max + 2, floor_from=2, halfway=True)  # seconds by tokens scored
         self.draft_fit = {c.name: _CostCurve(0.98, c.k_max + 1, proportional=True) for c in self.candidates}
@@ -257,6 +272,8 @@ class Planner:
     def begin(self) -> None:
         for h in self.history.values():
             h.begin()
+        if self.carry == 0.0:  # nothing learned about the drafts is kept: nor how long they wait
+            self._wait = dict.fromkeys(self._wait, self.explore_every)
         self._unused, self._last_prefix = [], None
 
     def draft_length(self, limit: int) -> int:
@@ -374,8 +391,18 @@ class Planner:
         fixed = [self._deterministic_choice(c, context, drafted, base) for c, context, drafted in options]
         planned = [self._history_choice(c, k, base) for c in self.candidates if not c.deterministic]
         best = max([nothing, *fixed, *planned], key=lambda ch: ch.rate)  # the first on ties
-        if planned and self.explore_every and self.rounds % self.explore_every == self.explore_every - 1:
-            best = max(planned, key=lambda ch: ch.rate)
+        for name in self._idle:
+            self._idle[name] += 1
+        if best.candidate is not None and best.candidate.name in self._idle:  # won on merit
+            self._wait[best.candidate.name] = self.explore_every
+        elif self.explore_every:
+            due = [ch for ch in planned if self._idle[ch.candidate.name] >= self._wait[ch.candidate.name]]
+            if due:  # explored: if it is still not the best next time it is due, it waits twice as long
+                best = max(due, key=lambda ch: ch.rate)
+                name = best.candidate.name
+                self._wait[name] = min(2 * self._wait[name], 64 * self.explore_every)
+        if best.candidate is not None and best.candidate.name in self._idle:
+            self._idle[best.candidate.name] = 0
         result = self._run(best, prefix, k, base, [nothing, *fixed])
         for c, context, drafted in options:
             if self._pending["candidate"] is not c and not isinstance(drafted, DraftTree) and len(drafted[0]):

@@ -29,19 +29,26 @@ __all__ = ["planned_draft", "planned_callbacks"]
 
 def planned_draft(head: FeatureHead, target: CausalLMTarget, *, costs: Optional[MeasuredCosts] = None,
                   generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
-                  tree_top_k: int = 4, beam: int = 4, k_max: int = 8, lookup: Optional[PromptLookupDraft] = None,
-                  **planner_args) -> Planner:
+                  tree_top_k: int = 4, beam: int = 4, k_max: int = 8, k_learned: int = 4,
+                  lookup: Optional[PromptLookupDraft] = None, **planner_args) -> Planner:
     """A :class:`~specverify.decoding.planner.Planner` over ``lookup`` (default
     :class:`~.transformers.PromptLookupDraft`, deterministic: drafted every round), the
     :class:`~.learned_draft.LearnedDraft` of ``head`` reading ``target`` (gated by the planner,
     its own ``min_confidence`` off) and, ``tree=True``, a :class:`~.learned_draft.LearnedTreeDraft`
     with deterministic top-k children (valued from its history: run only in rounds that choose
-    it). ``planner_args`` go to the planner (``explore_every``, ``prior_rate``, ...)."""
-    candidates = [Candidate("lookup", lookup if lookup is not None else PromptLookupDraft(), deterministic=True),
-                  Candidate("learned", LearnedDraft(head, target, generator=generator))]
+    it). ``k_max``: the longest proposal (a lookup copy); ``k_learned``: the learned chain's (the
+    tree's depth), whose positions beyond the first few rarely pay. ``planner_args`` go to the
+    planner (``explore_every``, ``carry``, ``prior_rate``, ...)."""
+    for name, value in (("k_max", k_max), ("k_learned", k_learned)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    k_learned = min(k_learned, k_max)
+    candidates = [Candidate("lookup", lookup if lookup is not None else PromptLookupDraft(), deterministic=True,
+                            k_max=k_max),
+                  Candidate("learned", LearnedDraft(head, target, generator=generator), k_max=k_learned)]
     if tree:
         candidates.append(Candidate("learned_tree", LearnedTreeDraft(head, target, node_budget=node_budget,
-                                                                     top_k=tree_top_k, beam=beam)))
+                                                                     top_k=tree_top_k, beam=beam), k_max=k_learned))
     return Planner(candidates, costs, k_max=k_max, **planner_args)
 
 

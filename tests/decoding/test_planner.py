@@ -78,20 +78,22 @@ CHEAP = law.MeasuredCosts((1.0, 1.05, 1.1, 1.15, 1.2), {"chain": (0.05, 0.1, 0.1
                                                         "tree": (0.0,) * 4})
 
 
-def planner_for(target, draft, rng, *, greedy=False, tree=False, cls=Planner, k_max=3, costs=COSTS):
+def planner_for(target, draft, rng, *, greedy=False, tree=False, cls=Planner, k_max=3, costs=COSTS, carry=0.0):
     other = BigramModel(np.roll(draft.table, 1, axis=1))  # right less often than the draft
     candidates = [Candidate("chain", gated_chain(draft, rng, greedy)),
                   Candidate("lookup", LookupLike(target.table, other.table), deterministic=True)]
     if tree:
         poorer = BigramModel(np.roll(draft.table, 2, axis=1))
         candidates.append(Candidate("tree", markov_tree_draft(poorer, (2, 1)), deterministic=True, k_max=2))
-    return cls(candidates, costs, k_max=k_max, explore_every=5, decay=0.7, prior_rate=0.5, prior_strength=1.0)
+    # carry 0 by default here: each run starts from the prior, so that every kind of round is chosen
+    return cls(candidates, costs, k_max=k_max, explore_every=5, decay=0.7, prior_rate=0.5, prior_strength=1.0,
+               carry=carry)
 
 
-def planned_decoder(seed, vocab, *, method="token", tree=False, cls=Planner):
+def planned_decoder(seed, vocab, *, method="token", tree=False, cls=Planner, carry=0.0):
     target, draft = bigram_pair(seed, vocab)
     g_draft, g_verify = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    planner = planner_for(target, draft, g_draft, tree=tree, cls=cls)
+    planner = planner_for(target, draft, g_draft, tree=tree, cls=cls, carry=carry)
     target_step = markov_tree_target(target) if tree else markov_callbacks(target, draft, None)[1]
     dec = sv.SpeculativeDecoder(planner, target_step, k="auto", greedy=False, generator=g_verify, method=method)
     return dec, target, planner
@@ -115,6 +117,17 @@ def test_planner_preserves_joint_law(method, tree, vocab, length, runs):
     kinds = {None, "chain", "lookup"} | ({"tree"} if tree else set())
     assert set(planner.choices) == kinds and min(planner.choices.values()) > 0.005 * sum(planner.choices.values()), \
         planner.choices
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_planner_carrying_its_draft_history_preserves_joint_law(method):
+    """The default ``carry=1``: the chain's counts kept from run to run (lookup's reset), its
+    exploration backing off. The choice still reads only the past, so the law holds."""
+    dec, target, planner = planned_decoder(11, 4, method=method, carry=1.0)
+    res, rounds_per_run = continuation_chisquare(dec, target, 3, 3000)
+    assert rounds_per_run > 1.2 and res.dof >= 10
+    assert res.pvalue > ALPHA, res
+    assert planner.choices.get("chain", 0) > 0 and planner.choices.get(None, 0) > 0, planner.choices
 
 
 class PeeksAtTarget(Planner):
