@@ -1,6 +1,6 @@
 """``experiments.end_to_end.train_draft``'s prompts and reduced vocabulary (no model).
 
-The draft is judged on held-out prompts (:mod:`experiments.end_to_end.real_model`'s sets): the
+The draft is judged on held-out prompts (:mod:`experiments.end_to_end.prompt_sets`): the
 training prompts must not copy them, neither an instruction (no four consecutive words of a
 template occur in a held-out prompt) nor a subject of the everyday requests.
 """
@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from experiments.end_to_end import real_model, train_draft
+from experiments.end_to_end import prompt_sets, train_draft
 
-HELD_OUT = {**real_model.PROMPTS, **real_model.HELDOUT_PROMPTS, **real_model.HELDOUT_PROMPTS_2,
-            **real_model.LONG_PROMPTS}
+HELD_OUT = {**prompt_sets.PROMPTS, **prompt_sets.HELDOUT_PROMPTS, **prompt_sets.HELDOUT_PROMPTS_2,
+            **prompt_sets.LONG_PROMPTS}
 TEMPLATES = (train_draft.CODE_TEMPLATES + train_draft.TEXT_TEMPLATES + train_draft.TOPIC_TEMPLATES
              + train_draft.CHAT_TEMPLATES + train_draft.TASK_TEMPLATES + train_draft.DOC_TEMPLATES)
 
