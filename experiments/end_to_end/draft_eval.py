@@ -56,9 +56,9 @@ def tuning_prompts(n: int = 10, seed: int = 0):
     the gate's threshold is chosen, never on the held-out sets it is reported on."""
     import random
 
-    from . import train_draft
+    from .draft_prompts import prompt_chunk
 
-    prompts, _ = train_draft.prompt_chunk(TUNING_CHUNK, seed, 6000)
+    prompts, _ = prompt_chunk(TUNING_CHUNK, seed, 6000)
     return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
@@ -67,8 +67,8 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     of strings), at answer positions only, and the token ablation that shows whether it reads its
     token.
 
-    The target answers (:func:`~experiments.end_to_end.train_draft.generate_shard`, its hidden
-    states kept); then, as in training (:func:`~experiments.end_to_end.train_draft.draft_losses`),
+    The target answers (:func:`~experiments.end_to_end.draft_data.generate_shard`, its hidden
+    states kept); then, as in training (:func:`~experiments.end_to_end.draft_training.draft_losses`),
     ``top1[s]`` is the share of answer positions where draft step ``s + 1`` (fed its own features
     from the steps before, the true tokens) has the target's argmax as its own. The ablation
     feeds each first-step pair ``(h_t, x_{t+1})`` once more with ``x_{t+1}`` replaced by a token
@@ -79,14 +79,15 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     """
     import torch
 
-    from . import train_draft
+    from . import draft_training
+    from .draft_data import generate_shard
 
-    rows = train_draft.generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
-    header = tokenizer(train_draft.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
-    seqs = [(t, h, train_draft.answer_start(t, header)) for t, h in rows]
-    tokens, hidden, learn = train_draft._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
+    rows = generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
+    header = tokenizer(draft_training.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
+    seqs = [(t, h, draft_training.answer_start(t, header)) for t, h in rows]
+    tokens, hidden, learn = draft_training._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
     with torch.no_grad():
-        _, stats = train_draft.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
+        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
         n0 = hidden.shape[1] - 1
         feats = hidden[:, :-1]
         _, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
