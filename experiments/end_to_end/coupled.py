@@ -124,11 +124,11 @@ def run_one(config, model, prompt_ids, params, seed, eos):
 
 
 def compute(params, seeds, out_dir=None, log=print):
-    from . import real_model
+    from . import prompt_sets, real_model_configs, real_model_timing
 
     torch.set_num_threads(params["threads"])
-    model, tokenizer, _, ids = real_model._load(real_model.make_params(linears=params["linears"]),
-                                                real_model.PROMPTS, log)
+    model, tokenizer, _, ids = real_model_timing._load(real_model_configs.make_params(linears=params["linears"]),
+                                                       prompt_sets.PROMPTS, log)
     eos = tokenizer.eos_token_id
     rows = []
     for seed in range(seeds):
@@ -140,14 +140,14 @@ def compute(params, seeds, out_dir=None, log=print):
                     f"{row['tokens_per_pass']:.2f} tok/pass")
     out_dir = Path(out_dir or paths.RESULTS_DIR / EXPERIMENT)
     out_dir.mkdir(parents=True, exist_ok=True)
-    real_model._write_csv(out_dir / CSV_NAME, rows, FIELDS)
+    real_model_timing._write_csv(out_dir / CSV_NAME, rows, FIELDS)
     return rows
 
 
 def summary(rows) -> str:
     """Per prompt: pooled tok/s of each config, tokens per pass, chain and tree over plain, tree over
     chain, and whether every seed sampled one text for all configs."""
-    from .real_model import pooled_rates
+    from .real_model_tables import pooled_rates
 
     prompts = list(dict.fromkeys(r["prompt"] for r in rows))
     rates = pooled_rates(rows)

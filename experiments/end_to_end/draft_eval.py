@@ -3,7 +3,7 @@
 ``python -m experiments.end_to_end.draft_eval`` loads SmolLM2-135M-Instruct and the shipped learned draft
 (:mod:`specverify.integrations.learned_draft`, trained by :mod:`experiments.end_to_end.train_draft`
 on package documentation and code, never on these prompts) and, on the project's held-out prompt
-sets (:data:`experiments.end_to_end.real_model.HELDOUT_PROMPTS`, ``HELDOUT_PROMPTS_2``; open text,
+sets (:data:`experiments.end_to_end.prompt_sets.HELDOUT_PROMPTS`, ``HELDOUT_PROMPTS_2``; open text,
 formats, code, chat):
 
 1. **Acceptance per position**: every round of a greedy and a sampling decoder with the learned
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from .. import paths
-from . import real_model
+from . import prompt_sets, real_model_configs, real_model_figures, real_model_tables, real_model_timing
 
 EXPERIMENT = "draft_eval"
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_learned_ungated",
@@ -42,7 +42,7 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup"
            "sv_sample_learned_tree", "sv_sample_learned_drawn_tree", "sv_sample_learned_iid_tree",
            "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto", "sv_greedy_planned", "sv_greedy_planned_tree",
            "sv_sample_planned", "sv_sample_planned_block"]
-PROMPT_SETS = {"heldout": real_model.HELDOUT_PROMPTS, "heldout2": real_model.HELDOUT_PROMPTS_2,
+PROMPT_SETS = {"heldout": prompt_sets.HELDOUT_PROMPTS, "heldout2": prompt_sets.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
 FIGURE = "learned_draft.png"
@@ -56,9 +56,9 @@ def tuning_prompts(n: int = 10, seed: int = 0):
     the gate's threshold is chosen, never on the held-out sets it is reported on."""
     import random
 
-    from . import train_draft
+    from .draft_prompts import prompt_chunk
 
-    prompts, _ = train_draft.prompt_chunk(TUNING_CHUNK, seed, 6000)
+    prompts, _ = prompt_chunk(TUNING_CHUNK, seed, 6000)
     return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
@@ -67,8 +67,8 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     of strings), at answer positions only, and the token ablation that shows whether it reads its
     token.
 
-    The target answers (:func:`~experiments.end_to_end.train_draft.generate_shard`, its hidden
-    states kept); then, as in training (:func:`~experiments.end_to_end.train_draft.draft_losses`),
+    The target answers (:func:`~experiments.end_to_end.draft_data.generate_shard`, its hidden
+    states kept); then, as in training (:func:`~experiments.end_to_end.draft_training.draft_losses`),
     ``top1[s]`` is the share of answer positions where draft step ``s + 1`` (fed its own features
     from the steps before, the true tokens) has the target's argmax as its own. The ablation
     feeds each first-step pair ``(h_t, x_{t+1})`` once more with ``x_{t+1}`` replaced by a token
@@ -79,14 +79,15 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     """
     import torch
 
-    from . import train_draft
+    from . import draft_training
+    from .draft_data import generate_shard
 
-    rows = train_draft.generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
-    header = tokenizer(train_draft.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
-    seqs = [(t, h, train_draft.answer_start(t, header)) for t, h in rows]
-    tokens, hidden, learn = train_draft._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
+    rows = generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
+    header = tokenizer(draft_training.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
+    seqs = [(t, h, draft_training.answer_start(t, header)) for t, h in rows]
+    tokens, hidden, learn = draft_training._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
     with torch.no_grad():
-        _, stats = train_draft.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
+        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
         n0 = hidden.shape[1] - 1
         feats = hidden[:, :-1]
         _, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
@@ -238,7 +239,7 @@ def gate_calibration(records):
 
 def _write_csv(path, rows):
     if rows:  # every row's columns (a planner's rows have "won")
-        real_model._write_csv(path, rows, list(dict.fromkeys(key for row in rows for key in row)))
+        real_model_timing._write_csv(path, rows, list(dict.fromkeys(key for row in rows for key in row)))
 
 
 def write_table(summary, speed, meta, out_path, command):
@@ -334,7 +335,8 @@ def plot(out_dir, out_path=None):
     meta = paths.read_json(out_dir / "meta.json")
     k = int(meta["k"])
     records = [dict(r, position=int(r["position"]), reached=int(r["reached"]), value=float(r["value"]),
-                    emitted=int(r["emitted"]), gate=float(r["gate"])) for r in real_model.read(out_dir / "acceptance.csv")]
+                    emitted=int(r["emitted"]), gate=float(r["gate"]))
+               for r in real_model_tables.read(out_dir / "acceptance.csv")]
     summary = acceptance_summary(records, k)
     has_speed = bool(meta.get("speed")) and (out_dir / "runs.csv").is_file()
     fig, axes = plt.subplots(1, 3 if has_speed else 2, figsize=(16 if has_speed else 10, 5.2),
@@ -369,7 +371,7 @@ def plot(out_dir, out_path=None):
     ax.legend(fontsize=8, loc="upper left")
     if has_speed:
         ax = axes[2]
-        by_prompt = real_model.per_prompt_speedup(real_model.read(out_dir / "runs.csv"))
+        by_prompt = real_model_tables.per_prompt_speedup(real_model_tables.read(out_dir / "runs.csv"))
         shown = [x for x in meta["speed"] if x["config"] not in ("hf_greedy", "hf_sample")]
         for i, x in enumerate(shown):
             mode = "sample" if "sample" in x["config"] else "greedy"
@@ -387,7 +389,7 @@ def plot(out_dir, out_path=None):
         ax.legend(fontsize=8, loc="lower right")
     fig.text(0.01, 0.01, f"python -m experiments.end_to_end.draft_eval; K = {k}, {meta['max_new']} new tokens; "
              f"{meta['utc'][:10]}, git {meta.get('git_revision', '?')}", fontsize=7, color="#555555")
-    return real_model._save(fig, out_path or paths.MEDIA_DIR / FIGURE)
+    return real_model_figures._save(fig, out_path or paths.MEDIA_DIR / FIGURE)
 
 
 def _by_kind(info) -> str:
@@ -448,7 +450,7 @@ def speed_summary(rows):
     by = lambda c: [r for r in rows if r["config"] == c]  # noqa: E731
     for config in [c for c in CONFIGS if by(c)]:
         rs = by(config)
-        base = real_model._plain_generate(config)
+        base = real_model_tables._plain_generate(config)
         base_rows = {(r["prompt"], r["repeat"]): r for r in by(base)}
         new, secs = sum(r["new_tokens"] for r in rs), sum(r["seconds"] for r in rs)
         bnew, bsecs = sum(r["new_tokens"] for r in base_rows.values()), sum(r["seconds"] for r in base_rows.values())
@@ -521,7 +523,8 @@ def main(argv=None):
         ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
     torch.set_num_threads(1)
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
-    params = dict(real_model.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9, seed=args.seed),
+    params = dict(real_model_configs.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9,
+                                                 seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
     out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
                                                 repeats=args.repeats))
@@ -535,7 +538,7 @@ def main(argv=None):
         if (out_dir / "acceptance.csv").is_file():
             records = [dict(r, position=int(r["position"]), reached=int(r["reached"]), value=float(r["value"]),
                             emitted=int(r["emitted"]), gate=float(r["gate"]))
-                       for r in real_model.read(out_dir / "acceptance.csv")]
+                       for r in real_model_tables.read(out_dir / "acceptance.csv")]
             summary = acceptance_summary(records, args.k)
             if "vocab_coverage" in meta["summary"]["greedy"]:
                 summary["greedy"]["vocab_coverage"] = meta["summary"]["greedy"]["vocab_coverage"]
@@ -543,13 +546,13 @@ def main(argv=None):
                 summary["teacher_forced"] = meta["summary"]["teacher_forced"]
         speed = meta["speed"]
         if (out_dir / "runs.csv").is_file():  # recomputed: the table's columns may be newer than the run
-            speed = speed_summary([_numbers(r) for r in real_model.read(out_dir / "runs.csv")])
+            speed = speed_summary([_numbers(r) for r in real_model_tables.read(out_dir / "runs.csv")])
         write_table(summary, speed, meta, paths.MEDIA_DIR / f"{args.name}.md", command)
         print(f"wrote {paths.MEDIA_DIR / args.name}.md and {plot(out_dir, paths.MEDIA_DIR / f'{args.name}.png')} "
               f"from {out_dir}")
         return
     load_before = os.getloadavg()
-    model, tokenizer, draft_model, ids = real_model._load(params, prompts, print)
+    model, tokenizer, draft_model, ids = real_model_timing._load(params, prompts, print)
     head = learned_draft.load(model, args.weights)
     params["_head"] = head
     from specverify import law
@@ -568,7 +571,7 @@ def main(argv=None):
     print(json.dumps(summary, indent=1))
     speed = []
     if not args.skip_speed:
-        rows = real_model._run_prompts(ids, configs, model, tokenizer, draft_model, params, args.repeats, "speed")
+        rows = real_model_timing._run_prompts(ids, configs, model, tokenizer, draft_model, params, args.repeats, "speed")
         _write_csv(out_dir / "runs.csv", [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
         speed = speed_summary(rows)
         for s in speed:

@@ -20,7 +20,7 @@ ratio to the best fixed K over the orders: the table a change of policy is judge
 ``--cost-beliefs`` it feeds each run's recorded ``auto`` rounds to the policy and prints how far
 its cost model's ``T(n) / T(1)`` is from the run's medians (:func:`cost_beliefs`).
 ``--record-texts FILE`` writes the held-out texts such a ``--texts`` file holds: greedy
-continuations of ``real_model.HELDOUT_PROMPTS``, prompts no policy was tuned on
+continuations of ``prompt_sets.HELDOUT_PROMPTS``, prompts no policy was tuned on
 (:func:`record_texts`: it needs the model, not a recorded run).
 """
 
@@ -187,10 +187,10 @@ def recorded_prompts(summary, names=None) -> Dict[str, tuple]:
 
         from specverify.integrations import smollm2
 
-        from . import real_model
+        from . import prompt_sets
 
         tok = AutoTokenizer.from_pretrained(smollm2.cache_dir(), local_files_only=True)
-        ids = {n: v.tolist() for n, v in real_model.chat_ids(tok, {n: real_model.PROMPTS[n] for n in names}).items()}
+        ids = {n: v.tolist() for n, v in prompt_sets.chat_ids(tok, {n: prompt_sets.PROMPTS[n] for n in names}).items()}
     return {n: (ids[n], summary["texts"][n]) for n in names}
 
 
@@ -316,11 +316,11 @@ class ContextWithheld:
 
 def record_texts(path, max_new: int = 128, prompts=None, log=print, model=None) -> dict:
     """Greedy SmolLM2-135M continuations (``max_new`` tokens) of ``prompts`` (default
-    ``real_model.HELDOUT_PROMPTS``), written to ``path`` as JSON ``name -> {ids, text}``: the
+    ``prompt_sets.HELDOUT_PROMPTS``), written to ``path`` as JSON ``name -> {ids, text}``: the
     ``--texts`` input, replayed with a recorded run's costs. ``model``: a loaded ``(model,
     tokenizer)`` used as it is; by default SmolLM2 is loaded as ``choose_k`` runs it (switched
     linear layers, one thread)."""
-    from . import real_model
+    from . import prompt_sets
 
     if model is None:
         from specverify.integrations import smollm2
@@ -330,7 +330,7 @@ def record_texts(path, max_new: int = 128, prompts=None, log=print, model=None) 
         model = smollm2.load(log=log)
         use_fast_linears(model[0])
     model, tokenizer = model
-    ids = real_model.chat_ids(tokenizer, prompts or real_model.HELDOUT_PROMPTS)
+    ids = prompt_sets.chat_ids(tokenizer, prompts or prompt_sets.HELDOUT_PROMPTS)
     texts = {}
     for name, prompt_ids in ids.items():
         row = choose_k.run_one(model, prompt_ids, choose_k.PlainDecoding(), max_new, tokenizer.eos_token_id)
@@ -360,13 +360,13 @@ def main(argv=None):
     ap.add_argument("--record-texts", metavar="FILE", default=None,
                     help="record greedy continuations of held-out prompts to FILE (for --texts) and stop")
     ap.add_argument("--prompt-set", choices=["heldout", "heldout2"], default="heldout",
-                    help="--record-texts: real_model.HELDOUT_PROMPTS or HELDOUT_PROMPTS_2")
+                    help="--record-texts: prompt_sets.HELDOUT_PROMPTS or HELDOUT_PROMPTS_2")
     ap.add_argument("--max-new", type=int, default=128, help="tokens per text for --record-texts")
     args = ap.parse_args(argv)
     if args.record_texts:
-        from . import real_model
+        from . import prompt_sets
 
-        prompts = real_model.HELDOUT_PROMPTS if args.prompt_set == "heldout" else real_model.HELDOUT_PROMPTS_2
+        prompts = prompt_sets.HELDOUT_PROMPTS if args.prompt_set == "heldout" else prompt_sets.HELDOUT_PROMPTS_2
         record_texts(args.record_texts, args.max_new, prompts=prompts)
         return
     if args.cost_beliefs:

@@ -8,7 +8,7 @@ cost of its target pass (the median CPU seconds of a whole pass scoring n tokens
 tree of n - 1 nodes). Draft calls and the decoder's own work, the same order of cost for every
 draft, are left out: the ratios between drafts are what this measures.
 
-Drafts replayed on each prompt of :data:`experiments.end_to_end.real_model.PROMPTS`:
+Drafts replayed on each prompt of :data:`experiments.end_to_end.prompt_sets.PROMPTS`:
 
 - ``chain``: :class:`~specverify.integrations.transformers.PromptLookupDraft`, K = 5 (the chain of
   ``experiments.end_to_end.real_model``);
@@ -189,13 +189,13 @@ def measure(max_new: int = 64, reps: int = 5, log=print) -> dict:
     from specverify.integrations import smollm2
     from specverify.integrations.transformers import CachedCausalLM, use_fast_linears
 
-    from . import real_model
+    from . import prompt_sets
 
     torch.set_num_threads(1)
     model, tokenizer = smollm2.load(log=log)
     use_fast_linears(model)
     prompts = {}
-    for name, ids in real_model.chat_ids(tokenizer, real_model.PROMPTS).items():
+    for name, ids in prompt_sets.chat_ids(tokenizer, prompt_sets.PROMPTS).items():
         out = model.generate(ids[None], do_sample=False, max_new_tokens=max_new, pad_token_id=tokenizer.eos_token_id)
         text = out[0, ids.numel():]
         prompts[name] = (ids.tolist(), text[text != tokenizer.eos_token_id].tolist())

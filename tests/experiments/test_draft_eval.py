@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from experiments import paths  # noqa: E402
-from experiments.end_to_end import draft_eval, real_model  # noqa: E402
+from experiments.end_to_end import draft_eval, real_model_tables  # noqa: E402
 
 PROMPTS = ("a", "b")
 
@@ -70,7 +70,7 @@ def test_speed_summary_ratios_against_plain_generate_of_the_same_mode(run):
 
 def test_speed_summary_from_the_cached_csv_equals_the_run_s(run):
     out_dir, _, speed, _ = run
-    again = draft_eval.speed_summary([draft_eval._numbers(r) for r in real_model.read(out_dir / "runs.csv")])
+    again = draft_eval.speed_summary([draft_eval._numbers(r) for r in real_model_tables.read(out_dir / "runs.csv")])
     assert [s["config"] for s in again] == [s["config"] for s in speed]
     for a, b in zip(again, speed):
         for key, value in b.items():
@@ -93,7 +93,7 @@ def test_the_figure_is_drawn_from_the_cached_run(run, tmp_path):
     out_dir, *_ = run
     path = draft_eval.plot(out_dir, tmp_path / "learned_draft.png")
     assert path.is_file() and path.stat().st_size > 10_000
-    assert real_model.read(out_dir / "runs.csv")[0]["config"] == "hf_greedy"
+    assert real_model_tables.read(out_dir / "runs.csv")[0]["config"] == "hf_greedy"
 
 
 def test_planner_rounds_won_and_training_tokens_are_described():

@@ -1,6 +1,7 @@
-"""``experiments.end_to_end.train_draft``'s prompts and reduced vocabulary (no model).
+"""The learned draft's training, model-free: the prompts (``draft_prompts``), the reduced vocabulary and
+the training loop (``draft_training``), the command's arguments (``train_draft``).
 
-The draft is judged on held-out prompts (:mod:`experiments.end_to_end.real_model`'s sets): the
+The draft is judged on held-out prompts (:mod:`experiments.end_to_end.prompt_sets`): the
 training prompts must not copy them, neither an instruction (no four consecutive words of a
 template occur in a held-out prompt) nor a subject of the everyday requests.
 """
@@ -10,12 +11,12 @@ import re
 
 import pytest
 
-from experiments.end_to_end import real_model, train_draft
+from experiments.end_to_end import draft_prompts, draft_training, prompt_sets, train_draft
 
-HELD_OUT = {**real_model.PROMPTS, **real_model.HELDOUT_PROMPTS, **real_model.HELDOUT_PROMPTS_2,
-            **real_model.LONG_PROMPTS}
-TEMPLATES = (train_draft.CODE_TEMPLATES + train_draft.TEXT_TEMPLATES + train_draft.TOPIC_TEMPLATES
-             + train_draft.CHAT_TEMPLATES + train_draft.TASK_TEMPLATES + train_draft.DOC_TEMPLATES)
+HELD_OUT = {**prompt_sets.PROMPTS, **prompt_sets.HELDOUT_PROMPTS, **prompt_sets.HELDOUT_PROMPTS_2,
+            **prompt_sets.LONG_PROMPTS}
+TEMPLATES = (draft_prompts.CODE_TEMPLATES + draft_prompts.TEXT_TEMPLATES + draft_prompts.TOPIC_TEMPLATES
+             + draft_prompts.CHAT_TEMPLATES + draft_prompts.TASK_TEMPLATES + draft_prompts.DOC_TEMPLATES)
 
 
 def _four_grams(text):
@@ -32,7 +33,7 @@ def test_no_template_copies_a_held_out_instruction(template):
 
 
 def test_no_everyday_subject_is_a_held_out_one():
-    for subject in train_draft.SUBJECTS:
+    for subject in draft_prompts.SUBJECTS:
         for name, prompt in HELD_OUT.items():
             assert not re.search(r"\b" + re.escape(subject) + r"\b", prompt, re.I), (subject, name)
 
@@ -43,9 +44,9 @@ def test_the_prompt_mix():
     counts = {}
     rng = random.Random(0)
     for _ in range(200):
-        prompt = train_draft._task_prompt(rng, pieces)
+        prompt = draft_prompts._task_prompt(rng, pieces)
         assert "{" not in prompt.split("```")[0] and prompt.strip()
-    prompts, sources = train_draft.build_prompts(56, seed=1, max_files=200)
+    prompts, sources = draft_prompts.build_prompts(56, seed=1, max_files=200)
     counts = sources["prompts"]
     assert len(prompts) == 56 and set(counts) >= {"chat", "task"}
     assert counts["chat"] + counts["task"] >= len(prompts) / 2  # everyday requests and tasks: over half
@@ -60,10 +61,10 @@ def test_reduced_vocabulary_ranks_the_answers_first():
 
     answers = rows([1, 1, 1, 2, 2, 3])
     documents = rows([7] * 50 + [3] * 5 + [2])
-    ids, coverage = train_draft.reduced_vocabulary(answers, documents, 3, always=[9])
+    ids, coverage = draft_training.reduced_vocabulary(answers, documents, 3, always=[9])
     assert ids.tolist() == [1, 2, 9]  # 9 always; then the answers' most frequent, not the documents' 7
     assert coverage == pytest.approx(5 / 6)  # of the answers' tokens
-    ids, _ = train_draft.reduced_vocabulary(answers, documents, 5, always=[9])
+    ids, _ = draft_training.reduced_vocabulary(answers, documents, 5, always=[9])
     assert ids.tolist() == [1, 2, 3, 7, 9]  # the documents fill the rest (3 ties with 2 broken by them)
 
 
@@ -111,11 +112,11 @@ def _tiny_head():
 
 def test_a_finished_run_resumed_trains_nothing_more(tmp_path):
     head, rows = _tiny_head()
-    history = train_draft.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
-                                ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
+    history = draft_training.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                                   ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
     assert [h["step"] for h in history] == [1, 2, 3, 4]
-    again = train_draft.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
-                              ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
+    again = draft_training.train(head, rows, epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                                 ckpt_dir=tmp_path, max_steps=4, log=lambda *a: None)
     assert [h["step"] for h in again] == [1, 2, 3, 4]
 
 
@@ -125,17 +126,17 @@ def test_a_non_finite_loss_stops_the_run_before_the_step(tmp_path):
     rows[0] = (rows[0][0], torch.full_like(rows[0][1], float("nan")), 4)
     before = {k: v.clone() for k, v in head.state_dict().items()}
     with pytest.raises(FloatingPointError, match="loss is nan"):
-        train_draft.train(head, rows[:1] * 2, epochs=1, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
-                          ckpt_dir=tmp_path, log=lambda *a: None)
+        draft_training.train(head, rows[:1] * 2, epochs=1, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                             ckpt_dir=tmp_path, log=lambda *a: None)
     assert all(torch.equal(before[k], v) for k, v in head.state_dict().items())  # no step taken
 
 
 def test_losses_are_taken_on_answer_positions_only():
     torch = pytest.importorskip("torch")
     head, rows = _tiny_head()
-    tokens, hidden, learn = train_draft._pad(rows[:2], 16)
+    tokens, hidden, learn = draft_training._pad(rows[:2], 16)
     assert learn[:, :3].sum() == 0 and learn[:, 3:].all()  # answer from token 4: position 3 predicts it; labels at 3 .. 10
-    _, stats = train_draft.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=3)
+    _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=3)
     assert stats["tokens"] == 2 * (11 - 3) and {"top1", "top2", "top3", "ce3"} <= set(stats)
-    assert train_draft.answer_start(torch.tensor([5, 1, 2, 9, 1, 2, 7, 8]), [1, 2]) == 6
-    assert train_draft.answer_start(torch.tensor([5, 9]), [1, 2]) == 0
+    assert draft_training.answer_start(torch.tensor([5, 1, 2, 9, 1, 2, 7, 8]), [1, 2]) == 6
+    assert draft_training.answer_start(torch.tensor([5, 9]), [1, 2]) == 0

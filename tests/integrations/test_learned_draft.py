@@ -560,19 +560,19 @@ def test_tree_greedy_output_equals_generate(smol, text):
 
 
 def test_real_model_learned_configs_build_callbacks(tiny):
-    from experiments.end_to_end import real_model as rm
+    from experiments.end_to_end import real_model_configs as configs
 
     model, head = tiny
-    p = dict(rm.make_params(), _head=head)
-    for config in rm.LEARNED_CONFIGS:
+    p = dict(configs.make_params(), _head=head)
+    for config in configs.LEARNED_CONFIGS:
         tree = config.endswith("_tree")
-        d, t = rm.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), tree, p["node_budget"])
+        d, t = configs.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), tree, p["node_budget"])
         learned = d.learned if hasattr(d, "learned") else d
         assert isinstance(learned, ld.LearnedTreeDraft if tree else ld.LearnedDraft)
         mode = "greedy" if config.startswith("sv_greedy") else "sample"
         assert learned.min_confidence == (0.0 if "_ungated" in config else ld.DEFAULT_MIN_CONFIDENCE[mode])
         given = dict(p, min_confidence={"greedy": 0.05, "sample": 0.4})  # per mode, as draft_eval passes it
-        d2, _ = rm.sv_callbacks(config, model, None, given, config.startswith("sv_greedy"), tree, p["node_budget"])
+        d2, _ = configs.sv_callbacks(config, model, None, given, config.startswith("sv_greedy"), tree, p["node_budget"])
         learned2 = d2.learned if hasattr(d2, "learned") else d2
         assert learned2.min_confidence == (0.0 if "_ungated" in config else {"greedy": 0.05, "sample": 0.4}[mode])
         d2.tap.remove()
@@ -673,10 +673,10 @@ def test_the_shipped_draft_reads_its_token(smol):
     greedy answers to held-out prompts (~360 answer positions), the shipped draft must be right
     clearly more often with the true token; power check: the same head with its token's input
     cut (``embed_norm`` = 0) fails the same test."""
-    from experiments.end_to_end import draft_eval, real_model
+    from experiments.end_to_end import draft_eval, prompt_sets
 
     model, tokenizer, head = smol
-    prompts = list(real_model.HELDOUT_PROMPTS.values())[:8]
+    prompts = list(prompt_sets.HELDOUT_PROMPTS.values())[:8]
     result = draft_eval.teacher_forced(model, tokenizer, head, prompts, max_new=48, steps=1)
     assert result["positions"] > 300 and token_is_read(result), result
     saved = head.embed_norm.detach().clone()

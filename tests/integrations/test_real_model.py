@@ -121,7 +121,8 @@ def test_tiny_greedy_equals_generate_with_both_drafts(tiny):
 def test_auto_tree_config_carries_one_policy_and_equals_generate(tiny):
     """experiments.end_to_end.real_model's ``_auto`` suffix: AdaptiveK chooses each round's tree depth, one
     policy per config carried across runs (``p["_policies"]``), greedy output still generate's."""
-    from experiments.end_to_end import real_model as rm
+    from experiments.end_to_end.real_model_configs import make_params
+    from experiments.end_to_end.real_model_timing import run_one
     from specverify.decoding.adaptive import AdaptiveK
 
     class Tokenizer:
@@ -132,9 +133,9 @@ def test_auto_tree_config_carries_one_policy_and_equals_generate(tiny):
 
     prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], dtype=torch.int64)
     ref = tiny.generate(prompt[None], max_new_tokens=20, do_sample=False, pad_token_id=0)[0]
-    params = dict(rm.make_params(max_new=20, k_tree=4, node_budget=6), _policies={})
+    params = dict(make_params(max_new=20, k_tree=4, node_budget=6), _policies={})
     for _ in range(2):
-        row = rm.run_one("sv_greedy_lookup_tree_auto", prompt, tiny, Tokenizer(), early_exit(tiny, 1), params)
+        row = run_one("sv_greedy_lookup_tree_auto", prompt, tiny, Tokenizer(), early_exit(tiny, 1), params)
         assert row["_ids"] == ref.tolist() and row["k"] == 4 and row["node_budget"] == 6
     policy = params["_policies"]["sv_greedy_lookup_tree_auto"]
     assert isinstance(policy, AdaptiveK) and policy.k_max == 4 and policy.tree_draft
@@ -145,12 +146,14 @@ def test_warp_compare_configs_swap_only_the_warping(tiny):
     """experiments.end_to_end.real_model --warp-compare: a ``_torchwarp`` twin makes its rows with the torch
     warp (and the plain config with sv.warp), ``hf_sample_svwarp`` runs generate with the processor,
     and warp_summary pairs every config with its twin."""
-    from experiments.end_to_end import real_model as rm
+    from experiments.end_to_end import real_model_configs as configs
+    from experiments.end_to_end.real_model_tables import warp_summary
+    from experiments.end_to_end.real_model_timing import run_one
     from specverify.integrations.transformers import Sampling
 
     sampling = Sampling(greedy=False, temperature=0.8, top_p=0.9)
     logits = 3 * torch.randn(4, 97, generator=torch.Generator().manual_seed(3))
-    torch_rows = rm._torch_warp_sampling(sampling).rows(logits)
+    torch_rows = configs._torch_warp_sampling(sampling).rows(logits)
     assert torch.equal(torch_rows, warp(logits, 0.8, 0, 0.9))
     assert torch.equal(torch_rows > 0, sampling.rows(logits) > 0)
     assert not torch.equal(torch_rows, sampling.rows(logits))  # two implementations, last bits apart
@@ -161,17 +164,17 @@ def test_warp_compare_configs_swap_only_the_warping(tiny):
         def decode(self, ids, skip_special_tokens=True):
             return ""
 
-    params = rm.make_params(max_new=5, temperature=0.8, top_k=0, top_p=0.9)
+    params = configs.make_params(max_new=5, temperature=0.8, top_k=0, top_p=0.9)
     prompt = torch.randint(0, 97, (10,), generator=torch.Generator().manual_seed(4))
     rows = []
-    for config in rm.WARP_CONFIGS:
-        row = rm.run_one(config, prompt, tiny, Tokenizer(), early_exit(tiny, 2), params)
+    for config in configs.WARP_CONFIGS:
+        row = run_one(config, prompt, tiny, Tokenizer(), early_exit(tiny, 2), params)
         assert row["new_tokens"] == 5 and row["top_p"] == 0.9
         assert row["warp"] == {"hf_sample": "transformers"}.get(
-            config, "torch" if config.endswith(rm.TORCH_WARP) else "specverify")
+            config, "torch" if config.endswith(configs.TORCH_WARP) else "specverify")
         rows.append(dict(row, prompt="p"))
-    summary = rm.warp_summary(rows)
-    assert [(s["before"], s["after"]) for s in summary] == rm.WARP_PAIRS
+    summary = warp_summary(rows)
+    assert [(s["before"], s["after"]) for s in summary] == configs.WARP_PAIRS
     assert all(s["mean_ratio"] > 0 for s in summary)
 
 

@@ -1,0 +1,199 @@
+"""The learned draft's self-distillation data: stage 2 of :mod:`experiments.end_to_end.train_draft`.
+
+Two kinds, both stored as shards of int32 tokens and float16 last-layer hidden states ``h_t`` of
+every position (a forward pre-hook on the target's final norm keeps them, so the soft labels -- the
+target's distribution at every position, ``softmax(W norm(h_t))`` -- need no second pass):
+
+- *answers* (:func:`generate_shard`): the target answers each prompt (batched ``generate``, half
+  greedy, half sampled at temperature 0.7 / top-p 0.9, up to ``--max-new`` tokens): the draft's
+  inputs at inference (the target's own tokens) exactly, at ~75 tokens/s on one core;
+- *documents* (:func:`document_shard`): one teacher-forced forward over a chat whose user turn asks
+  to continue a piece of a file and whose assistant turn is the text that follows it in that file:
+  the target's features and distributions on text it did not write, at ~200 tokens/s on one core
+  (no decoding), so the data grows ~3x faster per core.
+
+Both are drawn in chunks (``GEN_CHUNK`` prompts, ``DOC_CHUNK`` documents:
+:mod:`experiments.end_to_end.draft_prompts`), chunk ``c`` from its own seed, so a larger
+``--prompts`` or ``--documents`` adds chunks and keeps every shard already made. :func:`shard_plan`
+names every shard of a run; :func:`make_shards` makes the missing ones (resumable);
+:func:`collect_data` runs ``--data-workers`` processes (one torch thread each) side by side;
+:func:`load_sequences` reads shards back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from .draft_prompts import CHUNK_SEED_STRIDE, DOC_CHUNK, GEN_CHUNK, document_chunk, prompt_chunk
+
+
+class _NormInputs:
+    """A forward pre-hook on the target's final norm keeping every call's input ``[B, T, d]``."""
+
+    def __init__(self, model):
+        self.calls = []
+        self.handle = model.model.norm.register_forward_pre_hook(lambda module, args: self.calls.append(args[0].detach()))
+
+    def take(self):
+        calls, self.calls = self.calls, []
+        return calls
+
+    def remove(self):
+        self.handle.remove()
+
+
+def generate_shard(model, tokenizer, prompts, max_new: int, sample: bool, seed: int):
+    """The target's answers to ``prompts`` with the hidden state of every position.
+
+    Returns a list of ``(tokens [n] int32, hidden [n - 1, d] float16)``: ``tokens`` the prompt (chat
+    template) and answer up to and including the first end token, ``hidden[t]`` the input of the
+    final norm at position ``t`` (what produced the distribution of ``tokens[t + 1]``).
+    """
+    import torch
+
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in prompts]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+    eos = {int(t) for t in ([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
+                            else model.generation_config.eos_token_id)}
+    tap = _NormInputs(model)
+    torch.manual_seed(seed)
+    kwargs = dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0) if sample else dict(do_sample=False)
+    try:
+        with torch.inference_mode():
+            out = model.generate(**batch, max_new_tokens=max_new, pad_token_id=tokenizer.pad_token_id, **kwargs)
+        hidden = torch.cat(tap.take(), dim=1)  # [B, padded prompt + steps, d]
+    finally:
+        tap.remove()
+    width = batch["input_ids"].shape[1]
+    result = []
+    for b in range(out.shape[0]):
+        start = int((batch["attention_mask"][b] == 0).sum())  # left padding
+        answer = out[b, width:].tolist()
+        end = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))
+        tokens = out[b, start : width + end]
+        n = tokens.numel()
+        h = hidden[b, start : start + n - 1]
+        if h.shape[0] != n - 1:
+            raise RuntimeError(f"hidden states cover {h.shape[0]} positions, expected {n - 1}")
+        result.append((tokens.to(torch.int32).clone(), h.to(torch.float16).clone()))
+    return result
+
+
+def document_shard(model, tokenizer, turns, max_len: int):
+    """Teacher-forced hidden states of the chats ``turns`` (``(user, assistant)`` pairs), in the
+    format of :func:`generate_shard`: ``(tokens [n] int32, hidden [n - 1, d] float16)`` per chat,
+    cut at ``max_len`` tokens. One forward of the target's decoder (no LM head, no decoding)."""
+    import torch
+
+    seqs = [tokenizer.apply_chat_template([{"role": "user", "content": u}, {"role": "assistant", "content": a}],
+                                          tokenize=False) for u, a in turns]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:max_len] for text in seqs]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+    attention = torch.zeros(len(ids), width, dtype=torch.long)
+    for b, x in enumerate(ids):
+        input_ids[b, : len(x)] = torch.tensor(x)
+        attention[b, : len(x)] = 1
+    tap = _NormInputs(model)
+    try:
+        with torch.inference_mode():
+            model.model(input_ids=input_ids, attention_mask=attention)  # right padding: rows need no shift
+        (hidden,) = tap.take()
+    finally:
+        tap.remove()
+    return [(torch.tensor(x, dtype=torch.int32), hidden[b, : len(x) - 1].to(torch.float16).clone())
+            for b, x in enumerate(ids)]
+
+
+def _save(rows, path: Path):
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(rows, tmp)
+    os.replace(tmp, path)
+
+
+def _chunk_inputs(kind: str, c: int, data_dir: Path, seed: int, max_files: int):
+    """Chunk ``c``'s prompts (kind ``answers``) or chats (``documents``), cached as JSON."""
+    path = data_dir / f"{kind}_c{c:03d}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["items"]
+    items, sources = (prompt_chunk if kind == "answers" else document_chunk)(c, seed, max_files)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"items": items, "sources": sources}))
+    os.replace(tmp, path)
+    return items
+
+
+def shard_plan(args):
+    """Every shard of the run: ``(kind, chunk, index in chunk, path)``; the shard's batch is the
+    ``index``-th slice of the chunk's prompts or chats."""
+    plan = []
+    for kind, total, chunk, batch, folder in (("answers", args.prompts, GEN_CHUNK, args.gen_batch, args.answers_dir),
+                                               ("documents", args.documents, DOC_CHUNK, args.doc_batch, args.documents_dir)):
+        for c in range(math.ceil(total / chunk)):
+            for s in range(math.ceil(min(chunk, total - c * chunk) / batch)):
+                plan.append((kind, c, s, folder / f"shard_c{c:03d}_{s:05d}.pt"))
+    return plan
+
+
+def make_shards(args, worker: int = 0, workers: int = 1):
+    """Make the missing shards of :func:`shard_plan` whose position is ``worker`` modulo ``workers``
+    (resumable: shards on disk are kept)."""
+    import torch
+    from tqdm import tqdm
+
+    from specverify.integrations import smollm2
+
+    torch.set_num_threads(1)  # one process per core: two threads each would oversubscribe them
+    plan = [item for i, item in enumerate(shard_plan(args)) if i % workers == worker]
+    todo = [item for item in plan if not item[3].is_file()]
+    if not todo:
+        return
+    model, tokenizer = smollm2.load(log=lambda *a: None)
+    for kind, c, s, path in tqdm(todo, desc=f"data (worker {worker + 1}/{workers})", unit="shard", position=worker):
+        folder = path.parent
+        items = _chunk_inputs(kind, c, folder, args.seed, args.max_files)
+        if kind == "answers":
+            chunk = items[s * args.gen_batch : (s + 1) * args.gen_batch]
+            rows = generate_shard(model, tokenizer, chunk, args.max_new, sample=bool(s % 2),
+                                  seed=args.seed + CHUNK_SEED_STRIDE * c + s)
+        else:
+            chunk = items[s * args.doc_batch : (s + 1) * args.doc_batch]
+            rows = document_shard(model, tokenizer, chunk, args.doc_len)
+        _save(rows, path)
+
+
+def collect_data(args):
+    """All shards of the run, made by ``args.data_workers`` processes side by side. Returns paths."""
+    plan = shard_plan(args)
+    for _, c, _, path in plan:  # the chunks' inputs once, before the workers share them
+        path.parent.mkdir(parents=True, exist_ok=True)
+    for kind, c in sorted({(k, c) for k, c, _, p in plan if not p.is_file()}):
+        _chunk_inputs(kind, c, args.answers_dir if kind == "answers" else args.documents_dir, args.seed, args.max_files)
+    workers = min(args.data_workers, max(1, sum(not p.is_file() for *_, p in plan)))
+    if workers == 1:
+        make_shards(args)
+    else:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for future in [pool.submit(make_shards, args, w, workers) for w in range(workers)]:
+                future.result()
+    return [path for *_, path in plan]
+
+
+def load_sequences(shards):
+    import torch
+
+    rows = []
+    for path in shards:
+        rows += torch.load(path)
+    return rows
