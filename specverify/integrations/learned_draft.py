@@ -143,7 +143,8 @@ class FeatureHead(nn.Module):
         return x * emb.cos() + _rotate_half(x) * emb.sin()
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None):
+                past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None,
+                last_only: bool = False):
         """One pass over ``T`` new pairs.
 
         Args:
@@ -152,8 +153,13 @@ class FeatureHead(nn.Module):
             positions: ``[T]`` int64 rotary positions.
             past: ``(keys, values)`` ``[B, kv_heads, S, hd]`` of earlier pairs, or None.
             mask: ``[T, S + T]`` bool, True where a pair may attend; None = causal after all of past.
+            last_only: ``f`` and ``logits`` of the last pair only (``T' = 1``): catching the cache
+                up needs every pair's keys and values but only the last pair's output, so the
+                attention rows, the MLP and the LM head of the others are skipped (the LM head
+                alone is ~2/3 of a pair's work).
         Returns:
-            ``(f [B, T, d], logits [B, T, V_r], (keys, values) [B, kv_heads, S + T, hd])``.
+            ``(f [B, T', d], logits [B, T', V_r], (keys, values) [B, kv_heads, S + T, hd])``, ``T' = T``
+            (or 1).
         """
         batch, t_new, _ = features.shape
         a = self.fc(torch.cat([_rms_norm(features, self.feature_norm, self.eps),
@@ -169,6 +175,8 @@ class FeatureHead(nn.Module):
             s = k.shape[2] - t_new
             mask = torch.ones(t_new, s + t_new, dtype=torch.bool)
             mask[:, s:] = torch.ones(t_new, t_new, dtype=torch.bool).tril()
+        if last_only:  # the last query row only
+            q, mask, a, t_new = q[:, :, -1:], mask[-1:], a[:, -1:], 1
         att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         a = a + self.o_proj(att.transpose(1, 2).reshape(batch, t_new, -1))
         x = _rms_norm(a, self.post_norm, self.eps)
@@ -431,7 +439,8 @@ class _PairCache:
         if keep and self._past is not None:
             past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
         feats = hidden[keep:pairs][None]  # [1, T, d]
-        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past)
+        f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past,
+                                          last_only=True)
         self._pair_tokens = seq[: pairs + 1].clone()
         self.steps += 1
         return f[0, -1], logits[0, -1]
