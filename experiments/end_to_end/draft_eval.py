@@ -314,7 +314,9 @@ def write_table(summary, speed, meta, out_path, command):
                   "(`specverify.decoding.planner`) proposes prompt lookup's copy, the learned chain (`_tree`: or the "
                   "learned tree) or nothing, by expected tokens per cost, K up to K; its costs: "
                   f"{meta.get('planner_costs', 'learned online')} (`python -m specverify.integrations.calibrate "
-                  "--learned --fast-linears`), a new planner per prompt."]
+                  "--learned --fast-linears`); one planner per config over the prompts, in order, as a user keeps one "
+                  "(what it learned of the learned draft carries from prompt to prompt; lookup's rates start over "
+                  "with each prompt)."]
     Path(out_path).write_text("\n".join(lines) + "\n")
 
 

@@ -410,7 +410,8 @@ class AdaptiveK:
     one is corrected within a few rounds. The costs persist across ``generate`` calls (they
     belong to the machine and the models); at the start of each new sequence (:meth:`begin`) the
     acceptance and proposal counts are scaled by ``carry`` (default 0: each sequence starts from
-    the prior, since one prompt's acceptance says little about the next's). A new decoder, or
+    the prior, since one prompt's acceptance says little about the next's; the prior's weight is
+    restored in the same proportion, so a fully carried history is not made optimistic again). A new decoder, or
     :meth:`reset`, starts over.
     """
 
@@ -528,7 +529,9 @@ class AdaptiveK:
             arr *= self.carry
         for counts in self.context_counts.values():
             counts[1:] = [v * self.carry for v in counts[1:]]
-        self.prior_weight = self.prior_strength
+        # the prior regains the weight the counts lost: full strength when nothing is carried, none
+        # when everything is (a carried history is not made optimistic again by a new sequence)
+        self.prior_weight = self.carry * self.prior_weight + (1.0 - self.carry) * self.prior_strength
 
     def _counts(self):
         return self.tried, self.passed, self.asked_at, self.proposed_at

@@ -279,8 +279,11 @@ class HiddenTap:
     attention mask describes; one on its final norm keeps the norm's input ``[T, d]``.
     :meth:`features` applies the forwards in order and returns ``(hidden [M, d], tokens [M])``:
     ``hidden[t]`` is ``h_t`` of the sequence ``tokens`` (a function of ``tokens[: t + 1]`` only, so
-    it holds for any sequence sharing that prefix). A forward over another cache than the one
-    before starts over; batched forwards are ignored (``lm``'s forwards have batch 1).
+    it holds for any sequence sharing that prefix). Only forwards over ``lm``'s own cache are
+    taken: another user of the same model (``generate``, another target) is ignored, so it cannot
+    make the tap forget the prefix ``lm``'s cache still holds (which would make the draft re-run
+    the target over the whole prefix); a forward over a new cache of ``lm`` (after a reset)
+    starts over. Batched forwards are ignored (``lm``'s forwards have batch 1).
 
     Trees: the fed rows of a tree forward (the fresh prefix tokens, then the nodes) form a tree
     below the held sequence: row ``r``'s parent is the deepest fed row it attends to, and the
@@ -307,8 +310,8 @@ class HiddenTap:
     def _start(self, module, args, kwargs) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         cache = kwargs.get("past_key_values", kwargs.get("cache"))
-        if ids is None or ids.shape[0] != 1:
-            return
+        if ids is None or ids.shape[0] != 1 or cache is not self.lm.cache:
+            return  # another user of the model (a generate, another target's cache): not lm's sequence
         start = cache.get_seq_length() if cache is not None else 0
         tree = None
         if kwargs.get("position_ids") is not None:

@@ -161,6 +161,35 @@ def test_tap_features_equal_an_uncached_forward(tiny):
     tap.remove()
 
 
+def test_another_user_of_the_model_does_not_make_the_draft_rerun_the_target(tiny):
+    """Two targets (and a generate) on one model, as a benchmark interleaving configs has them: the
+    tap takes only its own target's forwards, so after the others ran the draft catches up from
+    what it saw, without re-running its target over the prefix (which cost ~0.2-0.7 s a call on
+    SmolLM2); its features still equal an uncached forward's."""
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    target, other = CausalLMTarget(model, Sampling()), CausalLMTarget(model, Sampling())
+    draft = ld.LearnedDraft(head, target)
+    seq = torch.tensor([1, 2, 3, 0, 1, 2, 2, 3, 1, 0])
+    target(seq[:4], seq[4:6])
+    other(seq[:3], seq[3:8])  # another cache over another sequence's positions
+    with torch.inference_mode():
+        model.generate(seq[None, :5], max_new_tokens=3, do_sample=False)
+    target(seq[:6], seq[6:8])
+    calls = target.lm.forward_calls
+    draft(seq[:8], 2)
+    assert target.lm.forward_calls == calls  # the draft read the tap, it did not run the target again
+    kept = []
+    hook = model.model.norm.register_forward_pre_hook(lambda m, a: kept.append(a[0][0].detach()))
+    with torch.inference_mode():
+        model(input_ids=seq[None])
+    hook.remove()
+    hidden, tokens = draft.tap.features(seq[:8])
+    assert tokens.tolist()[:8] == seq[:8].tolist()
+    torch.testing.assert_close(hidden[:8], kept[0][:8], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("method,hybrid,auto", [("token", False, False), ("block", True, False), ("token", True, True)])
 def test_learned_draft_preserves_the_joint_law(tiny, method, hybrid, auto):
     """auto: AdaptiveK chooses each round's K from the hybrid's context (which draft proposes)."""
