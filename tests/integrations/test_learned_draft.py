@@ -574,6 +574,20 @@ def test_learned_is_a_draft_name_of_speculative_callbacks(smol):
     assert isinstance(draft.learned, ld.LearnedTreeDraft)
 
 
+def test_planned_is_a_draft_name_of_speculative_callbacks(smol):
+    from specverify.decoding.planner import Planner
+    from specverify.integrations.transformers import speculative_callbacks
+
+    model, tokenizer, _ = smol
+    ids = _chat(tokenizer, "Write two sentences about the sea.")
+    draft, target = speculative_callbacks(model, "planned", greedy=True)
+    assert isinstance(draft, Planner) and [c.name for c in draft.candidates] == ["lookup", "learned"]
+    dec = sv.SpeculativeDecoder(draft, target, k="auto", greedy=True)
+    assert dec.generate(ids, 12).tolist() == model.generate(ids[None], max_new_tokens=12, do_sample=False)[0].tolist()
+    draft, _ = speculative_callbacks(model, "planned", greedy=False, tree=True, generator=torch.Generator().manual_seed(0))
+    assert [c.name for c in draft.candidates] == ["lookup", "learned", "learned_tree"]
+
+
 @pytest.mark.parametrize("text", ["Name three rivers in Europe and say one thing about each.",
                                   "Write a Python function that reverses a string."])
 def test_tree_greedy_output_equals_generate(smol, text):
