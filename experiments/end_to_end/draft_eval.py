@@ -14,7 +14,7 @@ formats, code, chat):
    :func:`specverify.law.block_gain` (block verification), compared with the tokens per pass
    measured.
 2. **Speed**: ``tokens/s`` of every config of :data:`CONFIGS`, side by side (configs innermost per
-   prompt, so machine load hits all alike), one torch thread, the same model with
+   prompt, so machine load hits all alike), one torch thread (``--threads``), the same model with
    ``use_fast_linears`` for every row, greedy outputs compared with plain ``generate``.
 
 Results: ``results/draft_eval/<key>/`` (``acceptance.csv``, ``runs.csv``, ``meta.json``);
@@ -248,7 +248,7 @@ def write_table(summary, speed, meta, out_path, command):
 
     info = learned_draft.metadata()
     lines = ["# The learned draft on held-out prompts", "",
-             f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), one torch thread, {meta['utc'][:10]}; "
+             f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), {_threads(meta)}, {meta['utc'][:10]}; "
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
              f"Draft: {info.get('tokens', '?')} training tokens{_by_kind(info)}, reduced vocabulary "
@@ -387,7 +387,7 @@ def plot(out_dir, out_path=None):
         ax.set_yticklabels([x["config"] for x in shown], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("x plain generate (bar: pooled over prompts; ticks: each prompt)")
-        ax.set_title(f"end to end, {meta['n_prompts']} held-out prompts, one thread")
+        ax.set_title(f"end to end, {meta['n_prompts']} held-out prompts, {_threads(meta)}")
         ax.legend(fontsize=8, loc="lower right")
     fig.text(0.01, 0.01, f"python -m experiments.end_to_end.draft_eval; K = {k}, {meta['max_new']} new tokens; "
              f"{meta['utc'][:10]}, git {meta.get('git_revision', '?')}", fontsize=7, color="#555555")
@@ -483,6 +483,21 @@ def _won(rows) -> str:
     return ", ".join(f"{name} {n / total:.2f}" for name, n in sorted(counts.items())) if total else ""
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _threads(meta) -> str:
+    n = int(meta.get("threads", 1))
+    return "one torch thread" if n == 1 else f"{n} torch threads"
+
+
 def _media_name(text: str) -> str:
     if not re.fullmatch(r"[a-z0-9_]+", text):
         raise argparse.ArgumentTypeError(f"must be lowercase letters, digits and _, got {text!r}")
@@ -506,6 +521,9 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                    help="torch threads for every row (plain generate too); the planner's costs are read from "
+                         "the calibration of this many threads")
     ap.add_argument("--name", default=TABLE[:-3], type=_media_name,
                     help="the table and figure written: media/<name>.md and .png (a subset of configs may get its own)")
     ap.add_argument("--table-only", action="store_true",
@@ -523,13 +541,15 @@ def main(argv=None):
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
     params = dict(real_model_configs.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9,
                                                  seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
-    out_dir = paths.result_dir(EXPERIMENT, dict(params, _head=str(args.weights), sets=sets, configs=configs,
-                                                repeats=args.repeats))
+    key = dict(params, _head=str(args.weights), sets=sets, configs=configs, repeats=args.repeats)
+    if args.threads != 1:  # (one thread keeps the key of the runs before the option)
+        key["threads"] = args.threads
+    out_dir = paths.result_dir(EXPERIMENT, key)
     command = "python -m experiments.end_to_end.draft_eval" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     command = command.replace(" --table-only", "")
     if args.table_only:  # from the cached run of these parameters (its summary recomputed from its records)
@@ -559,7 +579,7 @@ def main(argv=None):
     params["_head"] = head
     from specverify import law
 
-    cost_file = law.cost_cache_path("smollm2-fast", threads=1)  # real_model runs every row on the fast linears
+    cost_file = law.cost_cache_path("smollm2-fast", threads=args.threads)  # every row runs on the fast linears
     params["_costs"] = law.load_costs(cost_file)  # the planner's costs: calibrated here, or learned online (None)
     print(f"planner costs: {cost_file if params['_costs'] is not None else 'none cached: learned online'}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -579,6 +599,7 @@ def main(argv=None):
         for s in speed:
             print(s)
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
+                threads=args.threads,
                 planner_costs=str(cost_file) if params["_costs"] is not None else "learned online",
                 min_confidence=params["min_confidence"],
                 loadavg_before=load_before, loadavg_after=os.getloadavg())
