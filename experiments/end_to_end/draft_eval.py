@@ -34,6 +34,7 @@ from pathlib import Path
 
 from .. import paths
 from . import prompt_sets, real_model_configs, real_model_figures, real_model_tables, real_model_timing
+from .train_draft import _number
 
 EXPERIMENT = "draft_eval"
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_learned_ungated",
@@ -483,16 +484,6 @@ def _won(rows) -> str:
     return ", ".join(f"{name} {n / total:.2f}" for name, n in sorted(counts.items())) if total else ""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def _threads(meta) -> str:
     n = int(meta.get("threads", 1))
     return "one torch thread" if n == 1 else f"{n} torch threads"
@@ -521,7 +512,7 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+    ap.add_argument("--threads", type=_number(int, 1), default=1, metavar="N",
                     help="torch threads for every row (plain generate too); the planner's costs are read from "
                          "the calibration of this many threads")
     ap.add_argument("--name", default=TABLE[:-3], type=_media_name,
