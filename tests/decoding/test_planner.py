@@ -165,11 +165,13 @@ class ChoosesOnTheDraw(Planner):
         return tokens, rows
 
 
+@pytest.mark.parametrize("seed,carry", [(7, 0.0), (11, 1.0)], ids=["carry0", "carry1"])
 @pytest.mark.parametrize("broken", [PeeksAtTarget, ChoosesOnTheDraw])
-def test_law_test_rejects_broken_planners(broken):
+def test_law_test_rejects_broken_planners(broken, seed, carry):
     """Power: the same test, sizes and seed reject a planner that reads the target's row of the round,
-    and one that chooses between candidates on the stochastic candidate's drawn token."""
-    dec, target, planner = planned_decoder(7, 4, cls=broken)
+    and one that chooses between candidates on the stochastic candidate's drawn token (carry 1: at the
+    carrying law test's seed)."""
+    dec, target, planner = planned_decoder(seed, 4, cls=broken, carry=carry)
     planner.target = target
     res, _ = continuation_chisquare(dec, target, 3, 3000)
     assert res.pvalue < ALPHA, res
