@@ -168,7 +168,7 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
     for mode in ("greedy", "sample"):
         for name, prompt in ids.items():
             greedy = mode == "greedy"
-            d, t = learned_callbacks(model, head, hybrid=False, greedy=greedy, min_confidence=0.0,
+            d, t = learned_callbacks(model, head, combine="alone", greedy=greedy, min_confidence=0.0,
                                      generator=torch.Generator().manual_seed(seed), **({} if greedy else sample))
             rec = _Recorder(d, t)
             dec = sv.SpeculativeDecoder(_Mode(rec.draft, greedy), _Mode(rec.target, greedy), k=k, greedy=greedy,

@@ -28,8 +28,8 @@ children drawn without / with replacement, verified by the stochastic tree rules
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 ``_planned`` (``sv_greedy_planned``, ``sv_sample_planned``, ``_block``, ``_tree``): each round the
 :class:`~specverify.decoding.planner.Planner` of
-:func:`~specverify.integrations.planned.planned_callbacks` proposes prompt lookup's copy, the
-learned chain (``_tree``: or the learned tree) or nothing, with ``k="auto"`` and the costs in
+:func:`~specverify.integrations.learned_draft.learned_callbacks` (its default) proposes prompt lookup's copy, the
+learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup`` tokens, with the costs in
 ``p["_costs"]`` (calibrated, or None: learned online); a row's ``won`` counts the rounds each
 candidate won.
 
@@ -134,24 +134,23 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
 
     sample = dict(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"])
     generator = torch.Generator().manual_seed(p["seed"])
-    if "_planned" in config:  # the planner over lookup, the learned chain (and tree): k="auto"
-        from specverify.integrations.planned import planned_callbacks
+    if "_planned" in config:  # the planner over lookup, the learned chain (and tree): the decoder's k caps it
+        from specverify.integrations.learned_draft import learned_callbacks
 
         # one planner per config over the run, as a user keeps one (p["_policies"], set by _run_prompts):
         # what it learned of the learned draft carries from prompt to prompt, lookup's starts over
         policies = p.get("_policies", {})
         if config not in policies:
-            policies[config] = planned_callbacks(model, p["_head"], costs=p.get("_costs"), greedy=greedy,
+            policies[config] = learned_callbacks(model, p["_head"], costs=p.get("_costs"), greedy=greedy,
                                                  generator=generator, tree=config.endswith("_tree"),
-                                                 node_budget=p["node_budget"], k_max=p["k_lookup"],
-                                                 k_learned=p.get("k_learned", 4), **sample)
+                                                 node_budget=p["node_budget"], **sample)
         return policies[config]
     if _learned(config):  # the learned draft, alone or after prompt lookup, a chain or a tree
         from specverify.integrations.learned_draft import learned_callbacks
 
         gate = 0.0 if "_ungated" in config else p.get("min_confidence")  # per mode or None: learned_callbacks resolves it
         children = next((v for infix, v in TREE_CHILDREN.items() if infix in config), "top_k")
-        return learned_callbacks(model, p["_head"], hybrid="hybrid" in config, greedy=greedy, generator=generator,
+        return learned_callbacks(model, p["_head"], combine="hybrid" if "hybrid" in config else "alone", greedy=greedy, generator=generator,
                                  tree=tree, node_budget=node_budget, tree_children=children, min_confidence=gate,
                                  **sample)
     draft = "prompt_lookup" if "lookup" in config else draft_model

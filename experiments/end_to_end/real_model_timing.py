@@ -74,7 +74,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
                warp="" if mode == "greedy" else ("torch" if torch_warp else "transformers" if name == "hf_sample"
                                                  else "specverify"),
                draft=_draft_name(config, p),
-               k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config
+               k=p["k_tree"] if tree and "lookup" in config else (p["k_lookup"] if "lookup" in config or "_planned" in config
                                                                    else p.get("k_learned", 4) if _learned(config)
                                                                    else p["k_ee"] if "ee" in config else 0),
                node_budget=(p["node_budget"] if "lookup" in config or _learned(config) else p["ee_node_budget"])
@@ -112,7 +112,7 @@ def run_one(config, prompt_ids, model, tokenizer, draft_model, p, passes=None):
                     step.sampling = _torch_warp_sampling(step.sampling)
         if passes is not None:
             target_step = _timed(target_step, passes)
-        k = "auto" if "_planned" in name else row["k"]
+        k = p["k_lookup"] if "_planned" in name else row["k"]  # a planner's longest proposal: lookup's K
         if auto:  # one policy per config over the run (p["_policies"], set by _run_prompts)
             from specverify.decoding.adaptive import AdaptiveK
 

@@ -159,9 +159,9 @@ class SpeculativeDecoder:
         with a tree draft, K is the tree's depth and a round is priced by the nodes it scores).
         Or any policy of :mod:`specverify.decoding.adaptive` (``FixedK(4, confidence_threshold=0.4)``,
         ``AdaptiveK(...)``): it may also stop drafting early on the draft's confidence. With a
-        :class:`~specverify.decoding.planner.Planner` as ``draft_step``, ``"auto"`` makes the
-        planner the policy too: each round proposes the candidate and length (or nothing) with
-        the most expected tokens per unit of measured cost. A
+        :class:`~specverify.decoding.planner.Planner` as ``draft_step``, the planner is the policy
+        too: each round proposes the candidate and length (or nothing) with the most expected
+        tokens per unit of measured cost, up to its ``k_max`` (``"auto"``) or ``k`` (an int). A
         ``draft_step`` that accepts a ``stop`` keyword receives the policy's stop rule
         ``stop(i, confidence) -> bool`` and should stop after token ``i`` when it says so;
         otherwise the decoder cuts the returned proposal itself (from ``probs``; a ``None``
@@ -239,13 +239,17 @@ class SpeculativeDecoder:
         if not callable(draft_step) or not callable(target_step):
             raise TypeError("draft_step and target_step must be callables")
         planning = isinstance(draft_step, Planner)
+        cap = None  # an int k with a Planner: the longest proposal of any round
         if isinstance(k, str):
             if k != "auto":
                 raise ValueError(f"k must be a positive integer, 'auto' or a policy, got {k!r}")
             k = draft_step if planning else AdaptiveK()
         elif planning and k is not draft_step:
-            raise ValueError(f"k must be 'auto' when draft_step is a Planner (it chooses each round's proposal; "
-                             f"its k_max caps the length), got {k!r}")
+            if hasattr(k, "draft_length"):
+                raise ValueError(f"k must be 'auto' or an integer when draft_step is a Planner (it is the policy: "
+                                 f"it chooses each round's proposal), got the policy {k!r}")
+            cap = _inputs.whole_number(k, "k", 1)
+            k = draft_step
         elif not hasattr(k, "draft_length"):
             k = FixedK(k)  # k is checked there: an integer >= 1
         self.policy = k
@@ -256,6 +260,8 @@ class SpeculativeDecoder:
         self.draft_step = draft_step
         self.target_step = target_step
         self.k = _inputs.whole_number(k.k_max, f"policy {k!r}: k_max", 1)
+        if cap is not None:
+            self.k = min(self.k, cap)
         self._draft_takes_stop = takes_keyword(draft_step, "stop")
         self._policy_takes_context = takes_keyword(k.draft_length, "context")
         self._target_takes_parents = _takes_positional(target_step, 3)
@@ -403,7 +409,7 @@ class SpeculativeDecoder:
 
         while n - n0 < max_new:
             remaining = max_new - (n - n0)
-            asked, context = ask_policy(self.policy, remaining - 1, lambda: self._context(buf[:n].clone()),
+            asked, context = ask_policy(self.policy, min(remaining - 1, self.k), lambda: self._context(buf[:n].clone()),
                                         self._policy_takes_context)
             m = asked
             if not 0 <= m < remaining:

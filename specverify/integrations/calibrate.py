@@ -128,7 +128,7 @@ def main(argv=None) -> MeasuredCosts:
         use_grouped_attention(model)
     target = CausalLMTarget(model)
     drafts = {"lookup": PromptLookupDraft()}
-    if args.learned:  # named as integrations.planned's candidates
+    if args.learned:  # named as learned_draft.planned_draft's candidates
         from .learned_draft import LearnedDraft, LearnedTreeDraft, load
 
         head = load(model)

@@ -36,7 +36,8 @@ Pieces: :class:`FeatureHead` (the module; training and inference), :func:`load` 
 :class:`LearnedDraft` (chain ``draft_step``: greedy, or sampled with its rows), :class:`HybridDraft`
 (a trusted prompt-lookup match first, the learned draft otherwise), :class:`LearnedTreeDraft`
 (an EAGLE-2 dynamic tree from the draft's probabilities, one batched draft call per level),
-:func:`learned_callbacks`. Both drafts take a gate (``min_confidence``): a position is proposed
+:func:`planned_draft` (the planner over prompt lookup and the learned drafts), :func:`learned_callbacks`
+(the decoder's callbacks; the planner by default). Both drafts take a gate (``min_confidence``): a position is proposed
 only while the draft's own estimate that it is reached and accepted stays above it, so a round
 the draft is unsure of costs a plain step instead of a losing proposal.
 """
@@ -54,7 +55,7 @@ from torch import nn
 from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
 from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "check_weights", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "learned_callbacks"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "check_weights", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "COMBINE", "planned_draft", "learned_callbacks"]
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "data" / "smollm2_draft.safetensors"
 
@@ -475,12 +476,11 @@ def _mode_gate(min_confidence, greedy: bool):
     return gates[mode]
 
 
-def _check_callbacks(head, hybrid, tree, generator) -> None:
+def _check_callbacks(head, tree, generator) -> None:
     """learned_callbacks' own arguments, checked before anything is built (the sampling ones are
     :class:`Sampling`'s, the gate :func:`_mode_gate`'s and :func:`_check_gate`'s)."""
     from ..kernels import _inputs
 
-    _inputs.flag(hybrid, "hybrid")  # "False" would be truthy
     _inputs.flag(tree, "tree")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {generator!r}")
@@ -833,34 +833,100 @@ class HybridDraft:
         return self.learned(prefix, k, stop=stop)
 
 
-def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, hybrid: bool = True, greedy: bool = True,
-                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                      generator: Optional[torch.Generator] = None, tree: bool = False, node_budget: int = 16,
-                      tree_top_k: int = 4, beam: int = 4, tree_children: str = "top_k",
-                      min_confidence=None):
+#: How :func:`learned_callbacks` combines the learned draft with prompt lookup.
+COMBINE = ("planned", "hybrid", "alone")
+
+
+def planned_draft(head: FeatureHead, target, *, costs=None, generator: Optional[torch.Generator] = None,
+                  tree: bool = False, node_budget: int = 16, tree_top_k: int = 4, beam: int = 4, k_max: int = 8,
+                  k_learned: int = 4, lookup=None, **planner_args):
+    """A :class:`~specverify.decoding.planner.Planner` over ``lookup`` (default
+    :class:`~.transformers.PromptLookupDraft`, deterministic: drafted every round), the
+    :class:`LearnedDraft` of ``head`` reading ``target`` (a
+    :class:`~.transformers.CausalLMTarget`; gated by the planner, its own ``min_confidence``
+    off) and, ``tree=True``, a :class:`LearnedTreeDraft` with deterministic top-k children
+    (valued from its history: run only in rounds that choose it). Each round it proposes the
+    trusted lookup copy, the learned chain (drafted position by position while its rows say it
+    pays), the learned tree, or nothing, whichever has the most expected tokens per unit of
+    ``costs`` (:class:`specverify.law.MeasuredCosts`, whose draft names are the candidates':
+    ``"lookup"``, ``"learned"``, ``"learned_tree"``, as ``python -m
+    specverify.integrations.calibrate --learned`` measures them; None: learned from the decoder's
+    timings). ``k_max``: the longest proposal (a lookup copy); ``k_learned``: the learned chain's
+    (the tree's depth), whose positions beyond the first few rarely pay. ``planner_args`` go to
+    the planner (``explore_every``, ``carry``, ``prior_rate``, ...). Decode with
+    ``SpeculativeDecoder(planner, target, k="auto")`` (or an integer ``k`` capping ``k_max``)."""
+    from ..decoding.planner import Candidate, Planner
+    from .transformers import PromptLookupDraft
+
+    for name, value in (("k_max", k_max), ("k_learned", k_learned)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    k_learned = min(k_learned, k_max)
+    candidates = [Candidate("lookup", lookup if lookup is not None else PromptLookupDraft(), deterministic=True,
+                            k_max=k_max),
+                  Candidate("learned", LearnedDraft(head, target, generator=generator), k_max=k_learned)]
+    if tree:
+        candidates.append(Candidate("learned_tree", LearnedTreeDraft(head, target, node_budget=node_budget,
+                                                                     top_k=tree_top_k, beam=beam), k_max=k_learned))
+    return Planner(candidates, costs, k_max=k_max, **planner_args)
+
+
+def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, combine: str = "planned",
+                      greedy: bool = True, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                      min_p: float = 0.0, generator: Optional[torch.Generator] = None, tree: bool = False,
+                      node_budget: int = 16, tree_top_k: int = 4, beam: int = 4, tree_children: str = "top_k",
+                      min_confidence=None, costs=None):
     """``(draft_step, target_step)`` for :class:`specverify.SpeculativeDecoder` with the learned
-    draft (``head``, default :func:`load` of the shipped weights), composed with prompt lookup
-    (:class:`HybridDraft`) unless ``hybrid=False``. Sampling arguments as in
-    :func:`~specverify.integrations.transformers.speculative_callbacks`. ``tree=True``: the
-    learned draft is a :class:`LearnedTreeDraft` of up to ``node_budget`` nodes, ``tree_top_k``
-    children per expanded node and ``beam`` expanded nodes per level (the decoder's ``k`` is then
-    the tree's depth); ``tree_children``: how a node's children are chosen
+    draft (``head``, default :func:`load` of the shipped weights) and prompt lookup, combined as
+    ``combine`` says:
+
+    - ``"planned"`` (default): :func:`planned_draft`, the planner choosing each round between
+      lookup's copy, the learned chain (with ``tree=True`` also the learned tree) and nothing by
+      expected tokens per unit of ``costs`` (:class:`specverify.law.MeasuredCosts`, or None:
+      learned from the decoder's timings). The planner is also the draft-length policy: decode
+      with ``k="auto"`` (its ``k_max``, 8) or an integer ``k`` (the longest proposal).
+    - ``"hybrid"``: :class:`HybridDraft`, the fixed rule (a trusted lookup match first, the
+      learned draft otherwise, gated by ``min_confidence``).
+    - ``"alone"``: the learned draft only (gated by ``min_confidence``).
+
+    Sampling arguments as in :func:`~specverify.integrations.transformers.speculative_callbacks`.
+    ``tree=True``: the learned draft is a :class:`LearnedTreeDraft` of up to ``node_budget`` nodes,
+    ``tree_top_k`` children per expanded node and ``beam`` expanded nodes per level (the decoder's
+    ``k`` is then the tree's depth); ``tree_children``: how a node's children are chosen
     (:class:`LearnedTreeDraft`'s ``children``: ``"top_k"``, deterministic, in which case
     ``generator`` is unused; ``"without_replacement"`` or ``"with_replacement"``, drawn with
-    ``generator``, sampling only). ``min_confidence``: the learned draft's gate (:class:`LearnedDraft`, :class:`LearnedTreeDraft`;
-    0: off; a ``{"greedy": c, "sample": c}`` mapping: the mode's; None: :data:`DEFAULT_MIN_CONFIDENCE`'s)."""
+    ``generator``, sampling only; the planner's tree has top-k children). ``min_confidence``: the
+    learned draft's gate of the fixed rules (:class:`LearnedDraft`, :class:`LearnedTreeDraft`; 0:
+    off; a ``{"greedy": c, "sample": c}`` mapping: the mode's; None: :data:`DEFAULT_MIN_CONFIDENCE`'s);
+    the planner gates on its own estimates and takes none."""
+    from ..law.costs import MeasuredCosts
     from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
-    _check_callbacks(head, hybrid, tree, generator)
+    if not isinstance(combine, str) or combine not in COMBINE:
+        raise ValueError(f"combine must be one of {', '.join(map(repr, COMBINE))}, got {combine!r}")
+    _check_callbacks(head, tree, generator)
+    if combine == "planned":
+        for name, value, default in (("min_confidence", min_confidence, None), ("tree_children", tree_children, "top_k")):
+            if value != default:
+                raise ValueError(f"{name} is not used by combine='planned' (the planner gates the learned draft on "
+                                 f"its own estimates; its tree has top-k children), got {value!r}: leave it out, "
+                                 f"or use combine='hybrid' or 'alone'")
+        if costs is not None and not isinstance(costs, MeasuredCosts):
+            raise TypeError(f"costs must be a specverify.law.MeasuredCosts or None, got {type(costs).__name__}")
+    elif costs is not None:
+        raise ValueError(f"costs are used by combine='planned' only, got combine={combine!r} with costs")
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    min_confidence = _check_gate(_mode_gate(min_confidence, greedy))
+    gate = None if combine == "planned" else _check_gate(_mode_gate(min_confidence, greedy))
     head = head if head is not None else load(target_model)
     target_step = CausalLMTarget(target_model, sampling)
+    if combine == "planned":
+        return planned_draft(head, target_step, costs=costs, generator=generator, tree=tree, node_budget=node_budget,
+                             tree_top_k=tree_top_k, beam=beam), target_step
     if tree:
         draft_step = LearnedTreeDraft(head, target_step, node_budget=node_budget, top_k=tree_top_k, beam=beam,
-                                      min_confidence=min_confidence, children=tree_children, generator=generator)
+                                      min_confidence=gate, children=tree_children, generator=generator)
     else:
-        draft_step = LearnedDraft(head, target_step, generator=generator, min_confidence=min_confidence)
-    if hybrid:
+        draft_step = LearnedDraft(head, target_step, generator=generator, min_confidence=gate)
+    if combine == "hybrid":
         draft_step = HybridDraft(draft_step, PromptLookupDraft())
     return draft_step, target_step

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import specverify as sv  # noqa: E402
 from experiments.law.synthetic import BigramModel, markov_callbacks  # noqa: E402
 from specverify import law  # noqa: E402
-from specverify.decoding.adaptive import RoundRecord  # noqa: E402
+from specverify.decoding.adaptive import FixedK, RoundRecord  # noqa: E402
 from specverify.decoding.planner import Candidate, Planner, Reliability, _Choice  # noqa: E402
 
 from test_decoder import ALPHA, bigram_pair, continuation_chisquare  # noqa: E402
@@ -311,5 +311,34 @@ def test_bad_arguments_name_themselves():
     with pytest.raises(ValueError, match="candidate 'x' is deterministic but its draft returned probs"):
         Planner([Candidate("x", lambda p, k: ([1], [[0.5, 0.5]]), deterministic=True)])(torch.tensor([0]), 1)
     target, draft = bigram_pair(0, 5)
-    with pytest.raises(ValueError, match="k must be 'auto'"):
-        sv.SpeculativeDecoder(Planner([Candidate("x", step)]), markov_callbacks(target, draft, None)[1], k=4)
+    with pytest.raises(ValueError, match="k must be 'auto' or an integer when draft_step is a Planner"):
+        sv.SpeculativeDecoder(Planner([Candidate("x", step)]), markov_callbacks(target, draft, None)[1],
+                              k=FixedK(4))
+    for k in (0, 2.5, True):
+        with pytest.raises((ValueError, TypeError), match="k"):
+            sv.SpeculativeDecoder(Planner([Candidate("x", step)]), markov_callbacks(target, draft, None)[1], k=k)
+
+
+def test_an_integer_k_caps_the_planners_proposals():
+    """``k=1`` with a planner of ``k_max`` 3 over 3 tokens (where ``k="auto"`` proposes 2 in the
+    first round): the planner is still the policy (every kind of round is chosen), no round
+    proposes more than 1 token, and the joint law holds."""
+    target, draft = bigram_pair(7, 4)
+    longest = {}
+    for k in ("auto", 1):
+        g_draft, g_verify = (np.random.default_rng(s) for s in np.random.SeedSequence(7).spawn(2))
+        planner = planner_for(target, draft, g_draft)
+        score = markov_callbacks(target, draft, None)[1]
+        proposed = []
+
+        def target_step(prefix, tokens):
+            proposed.append(len(tokens))
+            return score(prefix, tokens)
+
+        dec = sv.SpeculativeDecoder(planner, target_step, k=k, greedy=False, generator=g_verify)
+        assert dec.policy is planner
+        res, _ = continuation_chisquare(dec, target, 3, 2000)
+        assert res.pvalue > ALPHA, res
+        assert {None, "chain", "lookup"} <= set(planner.choices), planner.choices
+        longest[k] = max(proposed)
+    assert longest == {"auto": 2, 1: 1}

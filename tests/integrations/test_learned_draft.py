@@ -510,11 +510,16 @@ def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
 
 
 @pytest.mark.parametrize("kwargs,error,message", [
-    (dict(min_confidence={"greedy": 0.1}, greedy=False), ValueError, "no 'sample' key"),
-    (dict(min_confidence={"greedy": 0.1, "sampling": 0.3}), ValueError, "unknown key 'sampling'"),
-    (dict(min_confidence={"greedy": 1.5, "sample": 0.3}), ValueError, "min_confidence"),
+    (dict(combine="hybrid", min_confidence={"greedy": 0.1}, greedy=False), ValueError, "no 'sample' key"),
+    (dict(combine="hybrid", min_confidence={"greedy": 0.1, "sampling": 0.3}), ValueError, "unknown key 'sampling'"),
+    (dict(combine="hybrid", min_confidence={"greedy": 1.5, "sample": 0.3}), ValueError, "min_confidence"),
     (dict(tree="False"), TypeError, "tree must be True or False"),
-    (dict(hybrid="False"), TypeError, "hybrid must be True or False"),
+    (dict(combine=True), ValueError, "combine must be one of 'planned', 'hybrid', 'alone'"),
+    (dict(combine="lookup"), ValueError, "combine must be one of"),
+    (dict(min_confidence=0.2), ValueError, "min_confidence is not used by combine='planned'"),
+    (dict(tree=True, tree_children="with_replacement"), ValueError, "tree_children is not used by combine='planned'"),
+    (dict(costs={"target": [1.0]}), TypeError, "costs must be a specverify.law.MeasuredCosts"),
+    (dict(combine="hybrid", costs=sv.law.MeasuredCosts((1.0, 1.2))), ValueError, "costs are used by combine='planned' only"),
     (dict(greedy="False"), TypeError, "greedy must be True or False"),
     (dict(generator="seed"), TypeError, "generator must be a torch.Generator"),
     (dict(head="unattached"), ValueError, "head must be a FeatureHead attached"),
@@ -547,12 +552,12 @@ def _chat(tokenizer, text):
                                          return_tensors="pt", return_dict=True)["input_ids"][0]
 
 
-@pytest.mark.parametrize("hybrid,tree", [(False, False), (True, False), (False, True)])
-def test_greedy_output_equals_generate(smol, hybrid, tree):
-    """The default (gated) draft: chain, after prompt lookup, tree."""
+@pytest.mark.parametrize("combine,tree", [("alone", False), ("hybrid", False), ("alone", True), ("planned", True)])
+def test_greedy_output_equals_generate(smol, combine, tree):
+    """The gated draft (chain, after prompt lookup, tree) and the planner over all three."""
     model, tokenizer, head = smol
     ids = _chat(tokenizer, "Name three rivers in Europe and say one thing about each.")
-    d, t = ld.learned_callbacks(model, head, hybrid=hybrid, tree=tree)
+    d, t = ld.learned_callbacks(model, head, combine=combine, tree=tree)
     dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
     out = dec.generate(ids, 24)
     ref = model.generate(ids[None], max_new_tokens=24, do_sample=False)[0]
@@ -562,29 +567,21 @@ def test_greedy_output_equals_generate(smol, hybrid, tree):
 
 
 def test_learned_is_a_draft_name_of_speculative_callbacks(smol):
-    from specverify.integrations.transformers import speculative_callbacks
-
-    model, tokenizer, _ = smol
-    ids = _chat(tokenizer, "Write two sentences about the sea.")
-    draft, target = speculative_callbacks(model, "learned", greedy=True)
-    assert isinstance(draft, ld.HybridDraft) and isinstance(draft.learned, ld.LearnedDraft)
-    dec = sv.SpeculativeDecoder(draft, target, k=4, greedy=True)
-    assert dec.generate(ids, 12).tolist() == model.generate(ids[None], max_new_tokens=12, do_sample=False)[0].tolist()
-    draft, _ = speculative_callbacks(model, "learned", greedy=False, tree=True, generator=torch.Generator().manual_seed(0))
-    assert isinstance(draft.learned, ld.LearnedTreeDraft)
-
-
-def test_planned_is_a_draft_name_of_speculative_callbacks(smol):
+    """``"learned"`` is learned_callbacks' default, the planner: with ``k="auto"`` or an integer
+    ``k`` (its longest proposal), greedy output is ``generate``'s."""
     from specverify.decoding.planner import Planner
     from specverify.integrations.transformers import speculative_callbacks
 
     model, tokenizer, _ = smol
     ids = _chat(tokenizer, "Write two sentences about the sea.")
-    draft, target = speculative_callbacks(model, "planned", greedy=True)
-    assert isinstance(draft, Planner) and [c.name for c in draft.candidates] == ["lookup", "learned"]
-    dec = sv.SpeculativeDecoder(draft, target, k="auto", greedy=True)
-    assert dec.generate(ids, 12).tolist() == model.generate(ids[None], max_new_tokens=12, do_sample=False)[0].tolist()
-    draft, _ = speculative_callbacks(model, "planned", greedy=False, tree=True, generator=torch.Generator().manual_seed(0))
+    ref = model.generate(ids[None], max_new_tokens=12, do_sample=False)[0].tolist()
+    for k in ("auto", 3):
+        draft, target = speculative_callbacks(model, "learned", greedy=True)
+        assert isinstance(draft, Planner) and [c.name for c in draft.candidates] == ["lookup", "learned"]
+        dec = sv.SpeculativeDecoder(draft, target, k=k, greedy=True)
+        assert dec.generate(ids, 12).tolist() == ref and dec.k == (3 if k == 3 else draft.k_max)
+        draft.candidates[1].draft.tap.remove()
+    draft, _ = speculative_callbacks(model, "learned", greedy=False, tree=True, generator=torch.Generator().manual_seed(0))
     assert [c.name for c in draft.candidates] == ["lookup", "learned", "learned_tree"]
 
 
@@ -593,7 +590,7 @@ def test_planned_is_a_draft_name_of_speculative_callbacks(smol):
 def test_tree_greedy_output_equals_generate(smol, text):
     model, tokenizer, head = smol
     ids = _chat(tokenizer, text)
-    d, t = ld.learned_callbacks(model, head, hybrid=False, tree=True, min_confidence=0.0)  # ungated: every round a tree
+    d, t = ld.learned_callbacks(model, head, combine="alone", tree=True, min_confidence=0.0)  # ungated: every round a tree
     dec = sv.SpeculativeDecoder(d, t, k=4, greedy=True)
     out = dec.generate(ids, 20)
     ref = model.generate(ids[None], max_new_tokens=20, do_sample=False)[0]
@@ -630,7 +627,7 @@ def test_real_model_learned_configs_build_callbacks(tiny):
 def test_sampling_runs(smol, method):
     model, tokenizer, head = smol
     ids = _chat(tokenizer, "Write one sentence about the sea.")
-    d, t = ld.learned_callbacks(model, head, hybrid=False, greedy=False, temperature=0.7, top_p=0.9,
+    d, t = ld.learned_callbacks(model, head, combine="alone", greedy=False, temperature=0.7, top_p=0.9,
                                 generator=torch.Generator().manual_seed(0))
     dec = sv.SpeculativeDecoder(d, t, k=3, greedy=False, generator=torch.Generator().manual_seed(1), method=method)
     out = dec.generate(ids, 16)

@@ -1,4 +1,4 @@
-"""The planner over prompt lookup and the learned draft (specverify.integrations.planned), on the tiny
+"""The planner over prompt lookup and the learned draft (specverify.integrations.learned_draft.planned_draft), on the tiny
 random Llama of test_learned_draft: the decoder's joint law equals the target's (chi-square on counts
 of whole continuations, alpha = 1e-6, fixed seeds) with the planner choosing
 among the lookup, the learned chain gated position by position (through LearnedDraft's ``gate``) and
@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 import specverify as sv  # noqa: E402
 from specverify import law, stats as st  # noqa: E402
-from specverify.integrations import planned  # noqa: E402
+from specverify.integrations import learned_draft as ld  # noqa: E402
 from specverify.integrations.transformers import PromptLookupDraft  # noqa: E402
 
 from test_learned_draft import ALPHA, PROMPT, RUNS, _continuation_counts, tiny  # noqa: E402,F401
@@ -21,7 +21,7 @@ COSTS = law.MeasuredCosts((1.0, 1.3, 1.35, 1.4), {"lookup": (0.0, 0.0), "learned
 
 
 def _planned(head, target, generator=None):
-    return planned.planned_draft(head, target, costs=COSTS, generator=generator, k_max=2,
+    return ld.planned_draft(head, target, costs=COSTS, generator=generator, k_max=2,
                                  lookup=PromptLookupDraft(max_ngram=2), explore_every=4)
 
 
@@ -37,8 +37,8 @@ def test_planned_learned_draft_preserves_the_joint_law(tiny):
 
 def test_planned_greedy_is_plain_greedy(tiny):
     model, head = tiny
-    draft, target = planned.planned_callbacks(model, head, costs=COSTS, greedy=True, k_max=2)
-    dec = sv.SpeculativeDecoder(draft, target, k="auto", greedy=True)
+    draft, target = ld.learned_callbacks(model, head, costs=COSTS, greedy=True)  # the default: the planner
+    dec = sv.SpeculativeDecoder(draft, target, k=2, greedy=True)
     out = dec.generate(torch.tensor(PROMPT), max_new=24).tolist()
     seq = list(PROMPT)
     with torch.inference_mode():

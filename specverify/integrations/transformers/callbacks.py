@@ -31,14 +31,11 @@ def speculative_callbacks(
 
     ``draft`` is a causal LM (``torch.nn.Module``, e.g. a smaller model or :func:`early_exit`),
     the string ``"prompt_lookup"``, the string ``"learned"`` (the shipped learned draft for
-    SmolLM2-135M after prompt lookup:
-    :func:`~specverify.integrations.learned_draft.learned_callbacks` with its defaults, a
-    :class:`~specverify.integrations.learned_draft.LearnedTreeDraft` with ``tree=True``), the
-    string ``"planned"`` (each round the planner proposes lookup's copy, the learned chain, with
-    ``tree=True`` also the learned tree, or nothing:
-    :func:`~specverify.integrations.planned.planned_callbacks`, its costs learned from the
-    decoder's timings; use the decoder's ``k="auto"``; pass calibrated costs to
-    ``planned_callbacks`` itself), or any
+    SmolLM2-135M and prompt lookup, each round's proposal chosen by the planner: lookup's copy,
+    the learned chain, with ``tree=True`` also the learned tree, or nothing;
+    :func:`~specverify.integrations.learned_draft.learned_callbacks` with its defaults, costs
+    learned from the decoder's timings; pass calibrated costs, or another way of combining the
+    two, to ``learned_callbacks`` itself), or any
     ``draft_step`` callable (used as is). ``tree=True``
     makes the model or prompt-lookup draft propose trees of up to ``node_budget`` nodes
     (:class:`CausalLMTreeDraft`, :class:`PromptLookupTreeDraft`; the decoder's ``k`` is then
@@ -66,21 +63,16 @@ def speculative_callbacks(
 
         return learned_callbacks(target_model, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
                                  min_p=min_p, generator=generator, tree=tree, node_budget=node_budget)
-    if isinstance(draft, str) and draft == "planned":
-        from ..planned import planned_callbacks
-
-        return planned_callbacks(target_model, greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 min_p=min_p, generator=generator, tree=tree, node_budget=node_budget)
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target_step = CausalLMTarget(target_model, sampling)
     if isinstance(draft, torch.nn.Module):
         draft_step = CausalLMTreeDraft(draft, node_budget) if tree else CausalLMDraft(draft, sampling, generator)
     elif isinstance(draft, str):
         if draft != "prompt_lookup":
-            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup', 'learned', 'planned' or a callable")
+            raise ValueError(f"unknown draft {draft!r}: pass a model, 'prompt_lookup', 'learned' or a callable")
         draft_step = PromptLookupTreeDraft(node_budget) if tree else PromptLookupDraft()
     elif callable(draft):
         draft_step = draft
     else:
-        raise TypeError(f"draft must be a model, 'prompt_lookup', 'learned', 'planned' or a callable, got {type(draft).__name__}")
+        raise TypeError(f"draft must be a model, 'prompt_lookup', 'learned' or a callable, got {type(draft).__name__}")
     return draft_step, target_step
