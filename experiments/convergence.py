@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from . import paths
+from .cli import number
 from .law import simulate, synthetic
 
 EXPERIMENT = "convergence"
@@ -154,52 +155,31 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _number(kind, name: str, low=None, high=None, low_open=False, high_open=False):
-    """An argparse ``type`` reading a finite ``kind`` (int or float) in a range; argparse's error
-    names the option (``argument --k: must be >= 1, got '0'``)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if kind is float and not np.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
-        below = low is not None and (value <= low if low_open else value < low)
-        above = high is not None and (value >= high if high_open else value > high)
-        if below or above:
-            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
-            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
-            raise argparse.ArgumentTypeError(f"must be {' and '.join(x for x in (lo, hi) if x)}, got {text!r}")
-        return value
-    parse.__name__ = name  # argparse's fallback message says "invalid <name> value"
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m experiments.convergence", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = DEFAULTS
-    ap.add_argument("--k", type=_number(int, "--k", 1), default=d["k"],
+    ap.add_argument("--k", type=number(int, 1), default=d["k"],
                     help="draft tokens per round, >= 1 (default %(default)s)")
-    ap.add_argument("--vocab", type=_number(int, "--vocab", 2), default=d["vocab"],
+    ap.add_argument("--vocab", type=number(int, 2), default=d["vocab"],
                     help="vocabulary size V, >= 2 (default %(default)s)")
-    ap.add_argument("--rounds", type=_number(int, "--rounds", 1), default=d["rounds"],
+    ap.add_argument("--rounds", type=number(int, 1), default=d["rounds"],
                     help="verification rounds, >= 1 (default %(default)s)")
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--acceptance", type=_number(float, "--acceptance", 0.0, 1.0, True, True), default=d["acceptance"],
+    g.add_argument("--acceptance", type=number(float, 0.0, 1.0, True, True), default=d["acceptance"],
                    help="target mean per-position acceptance in (0, 1); the draft knob is calibrated "
                         "(default %(default)s)")
-    g.add_argument("--mismatch", type=_number(float, "--mismatch", 0.0), default=None,
+    g.add_argument("--mismatch", type=number(float, 0.0), default=None,
                    help="the draft family's knob directly: noise sigma >= 0, or a weight in [0, 1] "
                         "(mixture, argmax)")
     ap.add_argument("--family", choices=synthetic.FAMILIES, default=None,
                     help="draft family (default: noise; argmax with --greedy)")
-    ap.add_argument("--temperature", type=_number(float, "--temperature", 0.0, low_open=True),
+    ap.add_argument("--temperature", type=number(float, 0.0, low_open=True),
                     default=d["temperature"], help="target logit temperature, > 0")
-    ap.add_argument("--seed", type=_number(int, "--seed", 0), default=d["seed"],
+    ap.add_argument("--seed", type=number(int, 0), default=d["seed"],
                     help="seed, an integer >= 0 (default %(default)s)")
     ap.add_argument("--greedy", action="store_true", help="verify_greedy instead of accept")
-    ap.add_argument("--frames", type=_number(int, "--frames", 1), default=60,
+    ap.add_argument("--frames", type=number(int, 1), default=60,
                     help="GIF frames, >= 1 (1: a still GIF; default %(default)s)")
     ap.add_argument("--out", type=Path, default=paths.MEDIA_DIR, help="figure directory (default: media/)")
     ap.add_argument("--results", type=Path, default=paths.RESULTS_DIR, help="results cache (default: results/)")

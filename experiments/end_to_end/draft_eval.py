@@ -33,8 +33,8 @@ import sys
 from pathlib import Path
 
 from .. import paths
+from ..cli import number
 from . import prompt_sets, real_model_configs, real_model_figures, real_model_tables, real_model_timing
-from .train_draft import _number
 
 EXPERIMENT = "draft_eval"
 CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup", "sv_greedy_learned_ungated",
@@ -512,7 +512,7 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true", help="acceptance only")
     ap.add_argument("--weights", type=Path, default=None, help="the draft file (default: the shipped one)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=_number(int, 1), default=1, metavar="N",
+    ap.add_argument("--threads", type=number(int, 1), default=1, metavar="N",
                     help="torch threads for every row (plain generate too); the planner's costs are read from "
                          "the calibration of this many threads")
     ap.add_argument("--name", default=TABLE[:-3], type=_media_name,

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 from .. import paths
+from ..cli import number
 from .draft_data import collect_data, load_sequences, shard_plan
 from .draft_prompts import DOC_CHUNK, GEN_CHUNK, PROMPTS_VERSION
 from .draft_training import ASSISTANT_HEADER, FORMAT, answer_start, reduced_vocabulary, train
@@ -45,27 +45,8 @@ TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, docume
             data_workers=1, epochs=3, max_steps=6, batch=2, max_len=64)
 
 
-def _number(kind, low=None, high=None, low_open=False, high_open=False):
-    """An argparse type: ``kind`` (int or float), finite, within the bounds (a message names them)."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        ok = math.isfinite(value)
-        ok = ok and (low is None or (value > low if low_open else value >= low))
-        ok = ok and (high is None or (value < high if high_open else value <= high))
-        if not ok:
-            lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
-            hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
-            what = "an integer" if kind is int else "a finite number"
-            raise argparse.ArgumentTypeError(f"must be {what} {' and '.join(x for x in (lo, hi) if x)}, got {text}")
-        return value
-    return parse
-
-
 def parse_args(argv=None):
-    positive, count = _number(int, 1), _number(int, 0)
+    positive, count = number(int, 1), number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.end_to_end.train_draft", description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=count, default=1920, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
@@ -78,12 +59,12 @@ def parse_args(argv=None):
     parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
     parser.add_argument("--vocab", type=positive, default=12288, help="rows of the draft's reduced LM head")
     parser.add_argument("--epochs", type=positive, default=2, help="passes over the data")
-    parser.add_argument("--ttt-steps", type=_number(int, 1, 8), default=3,
+    parser.add_argument("--ttt-steps", type=number(int, 1, 8), default=3,
                         help="draft steps unrolled in training (each later step weighs 0.8 times the one before)")
     parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")
-    parser.add_argument("--max-len", type=_number(int, 8), default=384, help="positions per sequence in training")
-    parser.add_argument("--lr", type=_number(float, 0, 1, low_open=True, high_open=True), default=1e-3)
-    parser.add_argument("--noise", type=_number(float, 0), default=0.1, help="uniform feature noise, times the mean |h|")
+    parser.add_argument("--max-len", type=number(int, 8), default=384, help="positions per sequence in training")
+    parser.add_argument("--lr", type=number(float, 0, 1, low_open=True, high_open=True), default=1e-3)
+    parser.add_argument("--noise", type=number(float, 0), default=0.1, help="uniform feature noise, times the mean |h|")
     parser.add_argument("--max-steps", type=count, default=0, help="stop after this many steps (0: all epochs)")
     parser.add_argument("--seed", type=count, default=0)
     parser.add_argument("--threads", type=positive, default=2)

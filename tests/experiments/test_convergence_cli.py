@@ -51,7 +51,7 @@ INTEGER_OPTIONS = {"--k": 1, "--vocab": 2, "--rounds": 1, "--frames": 1, "--seed
 def test_integer_options_below_their_minimum_are_refused(option, below):
     value = INTEGER_OPTIONS[option] - below
     message = parse_error([f"{option}={value}"])
-    assert f"argument {option}: must be >= {INTEGER_OPTIONS[option]}, got '{value}'" in message
+    assert f"argument {option}: must be an integer >= {INTEGER_OPTIONS[option]}, got '{value}'" in message
 
 
 NOT_INTEGERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
