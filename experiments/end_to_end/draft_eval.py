@@ -109,6 +109,16 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
             "positions": n, "only_true": int((right & ~right_random).sum()), "only_random": int((right_random & ~right).sum())}
 
 
+def heldout_metrics(model, tokenizer, head, max_new: int = 96, steps: int = 4) -> dict:
+    """:func:`teacher_forced` on the two held-out prompt sets (``heldout``, ``heldout2``: the
+    project's, never trained or tuned on), rounded: what a draft file's metadata says of it."""
+    prompts = [text for name in ("heldout", "heldout2") for text in PROMPT_SETS[name].values()]
+    r = teacher_forced(model, tokenizer, head, prompts, max_new, steps)
+    return {"prompt_sets": "heldout,heldout2", "max_new": max_new, "positions": r["positions"],
+            "top1": [round(x, 4) for x in r["top1"]], "random_top1": round(r["random_top1"], 4),
+            "vocab_coverage": round(r["vocab_coverage"], 4)}
+
+
 class _Recorder:
     """Callbacks that pass through and keep each round's ``(tokens [m], draft rows [m, V] or None,
     target rows [m + 1, V])``."""

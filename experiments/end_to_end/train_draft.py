@@ -17,7 +17,8 @@ Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the pa
 a shard is made, not how many there are; the run's key all parameters; an interrupted run resumes
 at the next missing shard or from its last checkpoint, every 50 steps); the trained draft is
 written to the run's folder (``draft.safetensors``) or to ``--out``, with the parameters, data
-sources and token counts and the losses in its metadata. Nothing is written over the shipped
+sources and token counts, the losses and the held-out teacher-forced top-1
+(:func:`experiments.end_to_end.draft_eval.heldout_metrics`) in its metadata. Nothing is written over the shipped
 draft (:data:`~specverify.integrations.learned_draft.DEFAULT_WEIGHTS`) unless ``--out`` names
 it; the defaults are the shipped draft's parameters, so
 ``python -m experiments.end_to_end.train_draft --out specverify/integrations/data/smollm2_draft.safetensors``
@@ -151,6 +152,13 @@ def main(argv=None):
     if not history:
         raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
     out = args.out if args.out is not None else run_dir / "draft.safetensors"
+    heldout = None
+    if not args.tiny:  # the held-out teacher-forced top-1 (~1 min; the CI run's toy draft skips it)
+        from .draft_eval import heldout_metrics
+
+        head.eval()
+        heldout = heldout_metrics(model, tokenizer, head)
+        print(f"held-out teacher-forced top-1 at steps 1-4: {heldout['top1']} (random token: {heldout['random_top1']})")
     last = history[-max(1, len(history) // 10):]
     final_keys = [k for k in history[-1] if k not in ("step", "tokens")]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
@@ -158,6 +166,7 @@ def main(argv=None):
             "vocab_coverage_answers": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
+            "heldout": heldout,
             "run": paths.run_metadata()}
     learned_draft.save(head, out, meta=meta)
     (run_dir / "history.json").write_text(json.dumps(history))
