@@ -197,9 +197,9 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
         sums, count = {}, 0
         for seqs in bar:
             loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, steps=ttt_steps, generator=gen)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise FloatingPointError(f"the loss is {value} at step {step + 1}: stopping (nothing written; "
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"the loss is {loss_value} at step {step + 1}: stopping (nothing written; "
                                          "lower --lr or --noise)")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -210,8 +210,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
             count += 1
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
-            bar.set_postfix(loss=f"{value:.3f}", top1=f"{stats['top1']:.2f}")
-            history.append({"step": step, "loss": value, **stats})
+            bar.set_postfix(loss=f"{loss_value:.3f}", top1=f"{stats['top1']:.2f}")
+            history.append({"step": step, "loss": loss_value, **stats})
             if max_steps and step >= max_steps:
                 break
             if step % checkpoint_every == 0:

@@ -52,6 +52,7 @@ from typing import Mapping, Optional, Tuple
 import torch
 from torch import nn
 
+from .. import verify as ops
 from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
 from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
@@ -84,6 +85,9 @@ class FeatureHead(nn.Module):
         ``embed`` ``[V, d]`` the target's input embeddings, ``norm_weight`` ``[d]`` its final
         norm, ``head`` ``[V_r, d]`` its LM-head rows ``vocab_ids``.
     """
+
+    #: :meth:`logits` computes at most this many rows with :func:`specverify.linear`.
+    FAST_ROWS = 16
 
     def __init__(self, config, vocab_ids: torch.Tensor):
         super().__init__()
@@ -182,8 +186,22 @@ class FeatureHead(nn.Module):
         a = a + self.o_proj(att.transpose(1, 2).reshape(batch, t_new, -1))
         x = _rms_norm(a, self.post_norm, self.eps)
         f = a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, d]
-        logits = torch.nn.functional.linear(self.final_norm(f), self.head)  # [B, T, V_r]
-        return f, logits, (k, v)
+        return f, self.logits(f), (k, v)
+
+    def logits(self, f: torch.Tensor) -> torch.Tensor:
+        """``W_r norm(f)``: ``[..., d]`` features -> ``[..., V_r]`` logits over the reduced vocabulary.
+
+        Through :func:`specverify.linear` for the few rows of a draft step (at most
+        :attr:`FAST_ROWS`, float32 on the CPU, no gradient wanted): torch's matmul (2.13, one
+        thread) reads the ``V_r x d`` rows once per feature row, ~3 ms for one row of 12288, over
+        half a draft step; the kernel reads them once (~1 ms), as
+        :func:`~.transformers.use_fast_linears` does for the layer's own linears. Many rows (a
+        prefix caught up, training) stay with torch's blocked matmul, faster there."""
+        x = self.final_norm(f)
+        if (x.dtype != torch.float32 or x.device.type != "cpu" or self.head.device.type != "cpu"
+                or x.numel() > self.FAST_ROWS * self.d or (torch.is_grad_enabled() and x.requires_grad)):
+            return torch.nn.functional.linear(x, self.head)
+        return ops.linear(x, self.head, None, num_threads=torch.get_num_threads())
 
     def own_state(self) -> dict:
         """The draft's own tensors (what is saved): fc, the layer, ``vocab_ids``."""

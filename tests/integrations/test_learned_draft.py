@@ -139,6 +139,24 @@ def _continuation_counts(model, head, runs, method, hybrid=False, draft_cls=ld.L
     return counts, rounds / runs, target_joint_law(model, PROMPT, LENGTH, sampling), draft
 
 
+def test_head_logits_take_the_fast_kernel_for_few_rows_only(tiny, monkeypatch):
+    """A draft step's few rows through specverify.linear (what torch computes, to float32
+    rounding); many rows, and anything needing a gradient, through torch's matmul."""
+    _, head = tiny
+    f = torch.randn(2, ld.FeatureHead.FAST_ROWS // 2 + 1, head.d) * 30  # FAST_ROWS + 2 rows
+    expected = torch.nn.functional.linear(head.final_norm(f), head.head)
+    calls = []
+    real = ld.ops.linear
+    monkeypatch.setattr(ld.ops, "linear", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    with torch.no_grad():
+        torch.testing.assert_close(head.logits(f[:, :1]), expected[:, :1], rtol=1e-5, atol=1e-5)
+        assert calls == [(2, 1, head.d)]
+        torch.testing.assert_close(head.logits(f), expected, rtol=0, atol=0)  # FAST_ROWS + 2 rows: torch
+    assert len(calls) == 1
+    head.logits(f[:, :1].requires_grad_())  # a gradient is wanted: torch
+    assert len(calls) == 1
+
+
 def test_tap_features_equal_an_uncached_forward(tiny):
     from specverify.integrations.transformers import CausalLMTarget
 
