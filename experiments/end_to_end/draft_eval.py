@@ -42,7 +42,7 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup"
            "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated", "sv_sample_learned", "sv_sample_learned_block",
            "sv_sample_learned_tree", "sv_sample_learned_drawn_tree", "sv_sample_learned_iid_tree",
            "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto", "sv_greedy_planned", "sv_greedy_planned_tree",
-           "sv_sample_planned", "sv_sample_planned_block"]
+           "sv_sample_planned", "sv_sample_planned_block", "sv_greedy_planned_online", "sv_sample_planned_online_block"]
 PROMPT_SETS = {"heldout": prompt_sets.HELDOUT_PROMPTS, "heldout2": prompt_sets.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
@@ -323,9 +323,11 @@ def write_table(summary, speed, meta, out_path, command):
                   "children drawn without / with replacement, verified by recursive rejection sampling / SpecInfer's "
                   "rule (the other trees: top-k children, sample-and-match); `_planned`: each round the planner "
                   "(`specverify.decoding.planner`) proposes prompt lookup's copy, the learned chain (`_tree`: or the "
-                  "learned tree) or nothing, by expected tokens per cost, K up to K; its costs: "
+                  "learned tree) or nothing, by expected tokens per cost, up to lookup's K (5) tokens (the learned chain "
+                  "up to 4); its costs: "
                   f"{meta.get('planner_costs', 'learned online')} (`python -m specverify.integrations.calibrate "
-                  "--learned --fast-linears`); one planner per config over the prompts, in order, as a user keeps one "
+                  "--learned --fast-linears`); `_online`: its costs learned from the decoder's timings instead "
+                  "(`learned_callbacks`' default, what `speculative_callbacks(model, \"learned\")` gives); one planner per config over the prompts, in order, as a user keeps one "
                   "(what it learned of the learned draft carries from prompt to prompt; lookup's rates start over "
                   "with each prompt)."]
     Path(out_path).write_text("\n".join(lines) + "\n")
