@@ -268,8 +268,11 @@ def write_table(summary, speed, meta, out_path, command):
                 else f"{info.get('vocab_coverage', '?')} of the training tokens")
              + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
-             + f"); its last `python -m experiments.end_to_end.train_draft` call took {info.get('minutes', '?')} min here "
-             "(data shards already on disk are reused).", "",
+             + (f"); trained {info['steps']} steps of {info['params'].get('batch', '?')} sequences "
+                f"({info['params'].get('epochs', '?')} epochs) by `python -m experiments.end_to_end.train_draft`."
+                if "steps" in info and "params" in info else
+                f"); its last `python -m experiments.end_to_end.train_draft` call took {info.get('minutes', '?')} min "
+                "here (data shards already on disk are reused)."), "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
              "|---|" + "--:|" * (meta["k"] + 2)]

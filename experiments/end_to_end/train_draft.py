@@ -49,7 +49,7 @@ TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, docume
 def parse_args(argv=None):
     positive, count = number(int, 1), number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.end_to_end.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=count, default=1920, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
+    parser.add_argument("--prompts", type=count, default=3200, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
     parser.add_argument("--documents", type=count, default=0,
@@ -162,6 +162,7 @@ def main(argv=None):
     last = history[-max(1, len(history) // 10):]
     final_keys = [k for k in history[-1] if k not in ("step", "tokens")]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
+            "steps": history[-1]["step"],
             "tokens_by_kind": tokens_by_kind,
             "vocab_coverage_answers": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
