@@ -470,7 +470,7 @@ class _PairCache:
 
 #: The gate :func:`learned_callbacks` sets (``min_confidence``) per mode, ``{"greedy": c, "sample": c}``,
 #: as chosen for the draft before the normalized inputs (not yet retuned for the shipped one).
-#: A drafted token costs ~0.11 of a plain step on SmolLM2 (a draft step ~0.08, its row in the target
+#: A drafted token costs ~0.1 of a plain step on SmolLM2 (a draft step 0.073, its row in the target
 #: pass ~0.03), so a position pays when it is reached and accepted more often than that. Chosen on
 #: prompts of the training kind the draft never saw (``python -m experiments.end_to_end.draft_eval
 #: --prompt-sets tuning --skip-speed``: the gate statistic's calibration), never on the held-out sets:
