@@ -42,7 +42,8 @@ CONFIGS = ["hf_greedy", "hf_prompt_lookup", "hf_assisted_ee", "sv_greedy_lookup"
            "hf_sample", "sv_sample_lookup", "sv_sample_learned_ungated", "sv_sample_learned", "sv_sample_learned_block",
            "sv_sample_learned_tree", "sv_sample_learned_drawn_tree", "sv_sample_learned_iid_tree",
            "sv_sample_hybrid_block", "sv_sample_hybrid_block_auto", "sv_greedy_planned", "sv_greedy_planned_tree",
-           "sv_sample_planned", "sv_sample_planned_block", "sv_greedy_planned_online", "sv_sample_planned_online_block"]
+           "sv_sample_planned", "sv_sample_planned_block", "sv_sample_planned_tree", "sv_greedy_planned_online",
+           "sv_sample_planned_online_block"]
 PROMPT_SETS = {"heldout": prompt_sets.HELDOUT_PROMPTS, "heldout2": prompt_sets.HELDOUT_PROMPTS_2,
                "tuning": None}  # built by tuning_prompts
 TABLE = "learned_draft.md"
