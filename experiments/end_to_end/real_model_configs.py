@@ -28,11 +28,11 @@ children drawn without / with replacement, verified by the stochastic tree rules
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 ``_planned`` (``sv_greedy_planned``, ``sv_sample_planned``, ``_block``, ``_tree``): each round the
 :class:`~specverify.decoding.planner.Planner` of
-:func:`~specverify.integrations.learned_draft.learned_callbacks` (its default) proposes prompt lookup's copy, the
-learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup`` tokens, with the costs in
-``p["_costs"]`` (calibrated, or None: learned online; ``_online``: always learned online, as
-:func:`~specverify.integrations.learned_draft.learned_callbacks` does by default); a row's ``won`` counts the rounds each
-candidate won.
+:func:`~specverify.integrations.learned_draft.learned_callbacks` (its default) proposes prompt
+lookup's copy, the learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup``
+tokens, with the costs in ``p["_costs"]`` (calibrated, or None: learned online; ``_online``:
+always learned online, as ``learned_callbacks`` does by default); a row's ``won`` counts the
+rounds each candidate won.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
 :class:`~specverify.decoding.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0
@@ -152,9 +152,9 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
 
         gate = 0.0 if "_ungated" in config else p.get("min_confidence")  # per mode or None: learned_callbacks resolves it
         children = next((v for infix, v in TREE_CHILDREN.items() if infix in config), "top_k")
-        return learned_callbacks(model, p["_head"], combine="hybrid" if "hybrid" in config else "alone", greedy=greedy, generator=generator,
-                                 tree=tree, node_budget=node_budget, tree_children=children, min_confidence=gate,
-                                 **sample)
+        combine = "hybrid" if "hybrid" in config else "alone"
+        return learned_callbacks(model, p["_head"], combine=combine, greedy=greedy, generator=generator, tree=tree,
+                                 node_budget=node_budget, tree_children=children, min_confidence=gate, **sample)
     draft = "prompt_lookup" if "lookup" in config else draft_model
     return speculative_callbacks(model, draft, greedy=greedy, generator=generator, tree=tree,
                                  node_budget=node_budget, **sample)
