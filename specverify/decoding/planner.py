@@ -226,8 +226,7 @@ class Planner:
         names = [c.name for c in candidates]
         if len(set(names)) != len(names):
             raise ValueError(f"candidates must have distinct names, got {names}")
-        if costs is not None and not isinstance(costs, MeasuredCosts):
-            raise TypeError(f"costs must be a specverify.law.MeasuredCosts or None, got {type(costs).__name__}")
+        MeasuredCosts.check(costs)
         if isinstance(k_max, bool) or not isinstance(k_max, (int, np.integer)) or k_max < 1:
             raise ValueError(f"k_max must be an integer >= 1, got {k_max!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, (int, np.integer)) or explore_every < 0:

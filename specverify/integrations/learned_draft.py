@@ -54,6 +54,7 @@ from torch import nn
 
 from .. import verify as ops
 from ..decoding.tree_drafts import DraftTree, ancestor_mask, chain_parents, depths
+from .transformers.speed import kernel_linear_applies
 from .transformers import _add_children, _check_tree_shape, _common_prefix, _expand, _rerank
 
 __all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "check_weights", "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "COMBINE", "planned_draft", "learned_callbacks"]
@@ -198,8 +199,7 @@ class FeatureHead(nn.Module):
         :func:`~.transformers.use_fast_linears` does for the layer's own linears. Many rows (a
         prefix caught up, training) stay with torch's blocked matmul, faster there."""
         x = self.final_norm(f)
-        if (x.dtype != torch.float32 or x.device.type != "cpu" or self.head.device.type != "cpu"
-                or x.numel() > self.FAST_ROWS * self.d or (torch.is_grad_enabled() and x.requires_grad)):
+        if x.numel() > self.FAST_ROWS * self.d or not kernel_linear_applies(x, self.head):
             return torch.nn.functional.linear(x, self.head)
         return ops.linear(x, self.head, None, num_threads=torch.get_num_threads())
 
@@ -929,8 +929,7 @@ def learned_callbacks(target_model, head: Optional[FeatureHead] = None, *, combi
                 raise ValueError(f"{name} is not used by combine='planned' (the planner gates the learned draft on "
                                  f"its own estimates; its tree has top-k children), got {value!r}: leave it out, "
                                  f"or use combine='hybrid' or 'alone'")
-        if costs is not None and not isinstance(costs, MeasuredCosts):
-            raise TypeError(f"costs must be a specverify.law.MeasuredCosts or None, got {type(costs).__name__}")
+        MeasuredCosts.check(costs)  # before the model and head are loaded
     elif costs is not None:
         raise ValueError(f"costs are used by combine='planned' only, got combine={combine!r} with costs")
     sampling = Sampling(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)

@@ -104,6 +104,14 @@ class MeasuredCosts:
                 "meta": dict(self.meta)}
 
     @classmethod
+    def check(cls, costs, name: str = "costs") -> Optional["MeasuredCosts"]:
+        """``costs`` if it is a :class:`MeasuredCosts` or None (learn them online); a TypeError
+        naming ``name`` otherwise (the one check of every function taking ``costs=``)."""
+        if costs is not None and not isinstance(costs, cls):
+            raise TypeError(f"{name} must be a specverify.law.MeasuredCosts or None, got {type(costs).__name__}")
+        return costs
+
+    @classmethod
     def from_json(cls, data) -> "MeasuredCosts":
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__

@@ -14,10 +14,17 @@ from ... import verify as ops
 GROUPED_SDPA = "specverify_grouped_sdpa"  # use_grouped_attention's implementation: sdpa without repeat_kv
 
 
+def kernel_linear_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`specverify.linear` may stand in for ``F.linear(x, weight)``: float32 on
+    the CPU, no gradient wanted (the kernel has no backward)."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and weight.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
 def _fast_linear_forward(self, num_threads: Optional[int], x: torch.Tensor) -> torch.Tensor:
     """``nn.Linear.forward`` through :func:`specverify.linear` when no gradient is wanted."""
-    if (x.dtype != torch.float32 or x.device.type != "cpu"
-            or (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad))):
+    if not kernel_linear_applies(x, self.weight):
         return torch.nn.functional.linear(x, self.weight, self.bias)
     bias = None if self.bias is None else self.bias.detach()
     return ops.linear(x, self.weight.detach(), bias, num_threads=num_threads or torch.get_num_threads())
