@@ -28,11 +28,11 @@ children drawn without / with replacement, verified by the stochastic tree rules
 ``_ungated`` (``sv_greedy_learned_ungated``, ``sv_sample_learned_ungated``) turns the gate off.
 ``_planned`` (``sv_greedy_planned``, ``sv_sample_planned``, ``_block``, ``_tree``): each round the
 :class:`~specverify.decoding.planner.Planner` of
-:func:`~specverify.integrations.learned_draft.learned_callbacks` (its default) proposes prompt
-lookup's copy, the learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup``
-tokens, with the costs in ``p["_costs"]`` (calibrated, or None: learned online; ``_online``:
-always learned online, as ``learned_callbacks`` does by default); a row's ``won`` counts the
-rounds each candidate won.
+:func:`~specverify.integrations.learned_draft.learned_callbacks` proposes prompt lookup's copy,
+the learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup`` tokens, with
+the costs in ``p["_costs"]`` (calibrated, or None: learned online; ``_online``: always learned
+online, as ``learned_callbacks`` does by default). A row's ``won`` counts the rounds each
+candidate won.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
 :class:`~specverify.decoding.adaptive.AdaptiveK` choose each round's tree depth (up to ``--k-tree``, 0

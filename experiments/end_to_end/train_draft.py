@@ -59,7 +59,7 @@ def parse_args(argv=None):
     parser.add_argument("--data-workers", type=positive, default=2, help="processes making data shards (one thread each)")
     parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
     parser.add_argument("--vocab", type=positive, default=12288, help="rows of the draft's reduced LM head")
-    parser.add_argument("--epochs", type=positive, default=2, help="passes over the data")
+    parser.add_argument("--epochs", type=positive, default=3, help="passes over the data")
     parser.add_argument("--ttt-steps", type=number(int, 1, 8), default=3,
                         help="draft steps unrolled in training (each later step weighs 0.8 times the one before)")
     parser.add_argument("--batch", type=positive, default=8, help="sequences per training step")

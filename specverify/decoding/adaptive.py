@@ -112,8 +112,8 @@ class RoundRecord:
     asked: int  # K asked of the draft (0: a plain target step, no draft call)
     proposed: int  # tokens the draft proposed (after any stop), 0 <= proposed <= asked; a tree: its nodes
     accepted: int  # accepted drafts n, 0 <= accepted <= proposed; a tree: the accepted path's length
-    draft_time: float  # the draft call (0 when asked == 0)
-    target_time: float  # the target pass scoring proposed + 1 tokens
+    draft_time: float  # the draft call (0 when asked == 0; NaN in a sequence's first round)
+    target_time: float  # the target pass scoring proposed + 1 tokens (NaN in a sequence's first round)
     depth: Optional[int] = None  # a tree round: the tree's depth (<= asked; 0 for an empty tree); None: a chain
     context: Optional[int] = None  # the draft's context of the round's prefix (``draft_step.context``); None: none
     # a round that asked K = 0 of a draft with ``first_token(prefix)``: whether the token it would
@@ -252,11 +252,20 @@ class _CostCurve:
     the longest length (prompt lookup in a copy) would never time the shorter ones; on a CPU the
     cheapest lengths are often among them (SmolLM2-135M on ``use_fast_linears``: 3 and 4 tokens
     1.22-1.26x a one-token pass, 2 tokens 1.44x, 9 tokens 1.45x).
+
+    ``floor_until = u``: the floor (and ``halfway``) hold for lengths ``f <= x <= u`` only, the
+    lengths a policy asks for directly (a chain's tokens + 1) and so times once it tries them. A
+    tree's pass scores its node count, which no policy asks for: its lengths spread over many
+    values, most of them unobserved at any time, and floored they were all priced at about a
+    short pass (a 17-token pass at ~1.1x a one-token one where it costs 2.2x), so trees looked
+    cheap for ever. Past ``u`` the estimate is the interpolation between observed lengths (and
+    the nearest observed length's price beyond them), where a pass grows with its tokens.
     """
 
     def __init__(self, decay: float, x_max: int, proportional: bool = False, floor_from: Optional[int] = None,
-                 halfway: bool = False):
+                 halfway: bool = False, floor_until: Optional[int] = None):
         self.decay, self.proportional, self.floor_from, self.halfway = decay, proportional, floor_from, halfway
+        self.floor_until = floor_until
         self.wx = self.wy = 0.0  # decayed sums of x and of y over every observation
         self.w_at = np.zeros(x_max + 1)  # [x_max + 1] decayed weight at each x (index 0 unused)
         self.y_at = np.zeros(x_max + 1)  # [x_max + 1] decayed sum of y at each x
@@ -311,7 +320,7 @@ class _CostCurve:
             else:  # linear interpolation between the observed lengths around x
                 below, above = seen[j - 1], seen[j]
                 est = means[below] + (means[above] - means[below]) * (x - below) / (above - below)
-            if floor is not None and x >= self.floor_from:
+            if floor is not None and x >= self.floor_from and (self.floor_until is None or x <= self.floor_until):
                 est = min(est, floor)
                 if self.halfway and seen[0] == 1:
                     est = 0.5 * (est + means[1])
@@ -458,7 +467,7 @@ class AdaptiveK:
         # scored (the one-token pass is a matrix-vector product, of another kind than the longer
         # ones, so only those set the price of unseen lengths)
         self.draft_fit = _CostCurve(self.cost_decay, k, proportional=True)
-        self.target_fit = _CostCurve(self.cost_decay, k + 1, floor_from=2, halfway=True)
+        self.target_fit = _CostCurve(self.cost_decay, k + 1, floor_from=2, halfway=True, floor_until=k + 1)
         self.log_pace = 0.0  # log of the machine's pace: a pass takes exp(log_pace) x its profile
         # a tree draft's width: decayed sums of its trees' nodes and depths (proposing rounds only)
         self.tree_nodes = self.tree_depth = 0.0

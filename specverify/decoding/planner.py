@@ -258,7 +258,8 @@ class Planner:
         self._idle = {c.name: 0 for c in self.candidates if not c.deterministic}
         self._wait = {c.name: self.explore_every for c in self.candidates if not c.deterministic}
         self.reliability = {c.name: self._make_reliability() for c in self.candidates if c.gated}
-        self.target_fit = _CostCurve(0.98, self.k_max + 2, floor_from=2, halfway=True)  # seconds by tokens scored
+        # seconds by tokens scored; floored only over the chain lengths it asks for (not trees' node counts)
+        self.target_fit = _CostCurve(0.98, self.k_max + 2, floor_from=2, halfway=True, floor_until=self.k_max + 1)
         self.draft_fit = {c.name: _CostCurve(0.98, c.k_max + 1, proportional=True) for c in self.candidates}
         self.rounds = 0
         self.choices = {}
@@ -266,6 +267,7 @@ class Planner:
         self._pending = None  # what this round proposed, for observe()
         self._unused = []  # (candidate, context, tokens) of deterministic proposals not used, for hindsight
         self._last_prefix = None
+        self._called = set()  # candidates called in this sequence (a first call catches up on the prefix)
 
     # -- the decoder's policy protocol ----------------------------------------------------------
     def begin(self) -> None:
@@ -273,7 +275,7 @@ class Planner:
             h.begin()
         if self.carry == 0.0:  # nothing learned about the drafts is kept: nor how long they wait
             self._wait = dict.fromkeys(self._wait, self.explore_every)
-        self._unused, self._last_prefix = [], None
+        self._unused, self._last_prefix, self._called = [], None, set()
 
     def draft_length(self, limit: int) -> int:
         return min(self.k_max, limit)  # the round's choice is made when the prefix is seen (__call__)
@@ -314,11 +316,15 @@ class Planner:
 
     def _timed(self, candidate: Candidate, rows, call):
         """``call()``, its seconds learned as ``candidate``'s cost for ``rows()`` draft rows (rows
-        is read after the call: a gated chain knows them only then) unless the costs are measured."""
+        is read after the call: a gated chain knows them only then) unless the costs are measured.
+        A candidate's first call in a sequence is not learned: a model draft catches up on the
+        whole prefix there (the prompt's prefill), which no later call of that length repeats."""
         t0 = self.clock()
         out = call()
         n = rows()
-        if (self.costs is None or candidate.name not in self.costs.drafts) and n > 0:
+        first = candidate.name not in self._called
+        self._called.add(candidate.name)
+        if (self.costs is None or candidate.name not in self.costs.drafts) and n > 0 and not first:
             self.draft_fit[candidate.name].add(n, self.clock() - t0)
         return out
 

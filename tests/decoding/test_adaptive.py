@@ -6,6 +6,8 @@ draft-side confidence stop, and its power: the same test rejects a stop that loo
 round's target rows and a draft-side stop that drops the low-confidence token it drew.
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -140,8 +142,10 @@ def test_tree_rounds_are_priced_by_their_nodes_not_their_depth():
 def test_tree_rounds_learn_their_width_and_long_passes_from_timings():
     """Measured costs: a pass scoring more tokens than k_max + 1 (a wide tree) is timed, not dropped;
     the trees' width is learned (3 nodes per level) and depth K is priced at the timed cost of
-    1 + 3 E[depth | K] tokens, E[depth | K] from the proposal rates (every tree here reaches K)."""
-    policy = AdaptiveK(k_max=4, decay=1.0, explore_every=2)
+    1 + 3 E[depth | K] tokens, E[depth | K] from the proposal rates (every tree here reaches K;
+    lengths between timed ones interpolated). Nothing is forgotten: a depth tried once and found
+    dear is not tried again, and its timing must stay."""
+    policy = AdaptiveK(k_max=4, decay=1.0, cost_decay=1.0, explore_every=2)
     seconds = lambda n: 0.01 * (1.0 + 0.5 * (n - 1))  # noqa: E731
     rng = np.random.default_rng(4)
     for _ in range(400):
@@ -205,6 +209,23 @@ def test_cost_curve_halfway_prices_unseen_lengths_below_every_timed_one():
     np.testing.assert_allclose(curve(np.arange(2, 10)), [0.64] * 7 + [0.80], rtol=1e-12)  # no x = 1 yet
     curve.add(1, 0.45)
     np.testing.assert_allclose(curve(np.arange(1, 10)), [0.45, 0.64] + [0.545] * 6 + [0.80], rtol=1e-12)
+
+
+def test_cost_curve_floors_only_the_lengths_a_policy_asks_for():
+    """``floor_until``: a tree's node counts (past a chain's longest pass) are interpolated between
+    the passes timed, not priced at about a short pass; the chain lengths stay floored."""
+    from specverify.decoding.adaptive import _CostCurve
+
+    timed = ((1, 1.0), (2, 1.44), (4, 1.22), (9, 1.45), (17, 2.16))  # SmolLM2-135M's shape
+    for until, twelve in ((9, 1.45 + (2.16 - 1.45) * 3 / 8), (None, 0.5 * (1.22 + 1.0))):
+        curve = _CostCurve(decay=1.0, x_max=9, floor_from=2, halfway=True, floor_until=until)
+        for n, y in timed:
+            curve.add(n, y)
+        est = curve([3, 8, 12, 16, 20])
+        np.testing.assert_allclose(est[:2], 0.5 * (1.22 + 1.0), rtol=1e-12)  # chain lengths: floored, halfway
+        np.testing.assert_allclose(est[2], twelve, rtol=1e-12)  # without the bound: a 12-token pass at 1.11x
+        if until is not None:
+            np.testing.assert_allclose(est[3:], [1.45 + (2.16 - 1.45) * 7 / 8, 2.16], rtol=1e-12)
 
 
 def test_exploring_after_plain_decoding_asks_the_best_drafting_length():
@@ -304,8 +325,10 @@ def test_decoder_times_rounds_with_the_clock_it_is_given():
     d, t = markov_callbacks(target, draft, np.random.default_rng(1), greedy=True)
     dec = sv.SpeculativeDecoder(d, t, k=Seeing(3), clock=lambda: float(next(ticks)))
     dec.generate([1], max_new=9)
-    assert all(r.draft_time == (1.0 if r.asked else 0.0) and r.target_time == 1.0 for r in seen)
-    assert dec.stats.target_time == dec.stats.rounds
+    # the first round's calls also read the prompt: the policy is not told their times as a cost
+    assert math.isnan(seen[0].draft_time) and math.isnan(seen[0].target_time)
+    assert all(r.draft_time == (1.0 if r.asked else 0.0) and r.target_time == 1.0 for r in seen[1:])
+    assert dec.stats.target_time == dec.stats.rounds  # the decoder's own totals keep every round
 
 
 def test_policy_arguments_are_checked():
