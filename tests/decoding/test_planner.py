@@ -284,6 +284,34 @@ def test_online_costs_without_a_cache():
     assert planner.target_cost(1) == 1.0 and planner.draft_cost(planner.candidates[0], 1) >= 0.0
 
 
+def test_online_costs_skip_what_reads_the_prompt():
+    """A sequence's first target pass and a candidate's first call catch up on the prompt: their
+    seconds are not learned as the cost of their lengths. Here the first draft call and the first
+    pass take 100 ticks, every later one 1: the learned costs must hold 1s only (with the first
+    calls learned they would not)."""
+    target, draft = bigram_pair(0, 5)
+    step = gated_chain(draft, np.random.default_rng(0))
+    now, calls = [0.0], {"draft": 0, "target": 0}
+    target_step = markov_callbacks(target, draft, None)[1]
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            now[0] += 100.0 if calls[name] == 1 else 1.0
+            return fn(*args, **kwargs)
+        return call
+
+    planner = Planner([Candidate("chain", timed("draft", step))], None, k_max=3, explore_every=1,
+                      clock=lambda: now[0])
+    dec = sv.SpeculativeDecoder(planner, timed("target", target_step), k="auto", greedy=False,
+                                generator=np.random.default_rng(1), clock=lambda: now[0])
+    dec.generate([1], max_new=40)
+    assert calls["draft"] > 2 and planner.target_fit.seen and planner.draft_fit["chain"].seen
+    for fit in (planner.target_fit, planner.draft_fit["chain"]):
+        seen = fit.w_at > 0
+        np.testing.assert_allclose(fit.y_at[seen] / fit.w_at[seen], 1.0, rtol=1e-12)
+
+
 def test_bad_arguments_name_themselves():
     step = lookup_of([1])
     with pytest.raises(TypeError, match="name"):
