@@ -485,8 +485,10 @@ class SpeculativeDecoder:
             stats.emitted.append(len(new))
             stats.asked.append(asked)
             hindsight = self._hindsight(prefix, new[0]) if asked == 0 else None
-            if prefix.numel() == n0:  # the first round's calls also read the prompt (a cached model catches
-                draft_s = target_s = float("nan")  # up on it): not what m tokens cost, so no policy learns it
+            # The first round's calls also read the prompt (a cached model catches up on it): not
+            # what m tokens cost, so no policy learns it.
+            if prefix.numel() == n0:
+                draft_s = target_s = float("nan")
             self.policy.observe(RoundRecord(asked, m, int(n_acc), draft_s, target_s, depth, context, hindsight))
             if eos and new[-1] in eos:
                 break
