@@ -120,15 +120,21 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     feats = hidden[:, :-1]  # h_0 .. h_{T-2}
     if noise:
         feats = feats + noise * (torch.rand(feats.shape, generator=generator) - 0.5) * feats.abs().mean()
+    # The LM head (V_r x d, ~2/3 of a pair's work) is applied to labelled positions only: about a
+    # third of a padded batch's positions are answer tokens; the others are context (their
+    # features and keys are still computed) or padding.
+    labelled = learn[:, 1:]  # [B, T-1]: label position t + 1 is an answer token
+    row_of = torch.full((B, T - 1), -1, dtype=torch.int64)  # [B, T-1] -> row of labels
+    row_of[labelled] = torch.arange(int(labelled.sum()))
     with torch.no_grad():
-        labels = torch.softmax(F.linear(head.final_norm(hidden[:, 1:]), head.head), dim=-1)  # [B, T-1, V_r]: position t+1
-        targets = head.final_norm(hidden[:, 1:])  # [B, T-1, d]
+        targets = head.final_norm(hidden[:, 1:][labelled])  # [N, d]: position t+1's normalized feature
+        labels = torch.softmax(F.linear(targets, head.head), dim=-1)  # [N, V_r]: the target's distribution there
     n0 = T - 1  # rows of step 0 (true pairs 0 .. T-2)
     loss, stats, past, f = 0.0, {}, None, None
     for s in range(steps):
         rows = n0 - s  # step s has rows j = 0 .. T-2-s
         if s == 0:
-            f, z, past = head(feats, tokens[:, 1:T], torch.arange(n0))
+            f, past = head.layer(feats, tokens[:, 1:T], torch.arange(n0))
         else:
             held = past[0].shape[2]  # the true pairs, then rows' keys of steps 1 .. s-1
             mask = torch.zeros(rows, held + rows, dtype=torch.bool)
@@ -137,18 +143,21 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
             for earlier in range(1, s + 1):  # own pairs of steps 1 .. s-1 (row j), and itself
                 offset = n0 + sum(n0 - e for e in range(1, earlier))
                 mask[j, offset + j] = True
-            f, z, past = head(f[:, :rows], tokens[:, s + 1 : s + 1 + rows], torch.arange(s, s + rows), past=past, mask=mask)
-        weight = learn[:, s + 1 : s + 1 + rows].float()  # label position j + s + 1
-        count = weight.sum().clamp(min=1)
-        ce = -(labels[:, s : s + rows] * F.log_softmax(z, -1)).sum(-1)
-        reg = F.smooth_l1_loss(head.final_norm(f), targets[:, s : s + rows], reduction="none").mean(-1)
-        loss = loss + decay**s * ((ce + 10 * reg) * weight).sum() / count
+            f, past = head.layer(f[:, :rows], tokens[:, s + 1 : s + 1 + rows], torch.arange(s, s + rows), past=past,
+                                 mask=mask)
+        picked = learn[:, s + 1 : s + 1 + rows]  # [B, rows]: label position j + s + 1 is an answer token
+        at = row_of[:, s : s + rows][picked]  # [n] rows of labels / targets
+        count = max(1, at.numel())
+        z = head.logits(f[picked])  # [n, V_r]
+        ce = -(labels[at] * F.log_softmax(z, -1)).sum(-1)  # [n]
+        reg = F.smooth_l1_loss(head.final_norm(f[picked]), targets[at], reduction="none").mean(-1)  # [n]
+        loss = loss + decay**s * (ce + 10 * reg).sum() / count
         with torch.no_grad():
-            stats[f"ce{s + 1}"] = float((ce * weight).sum() / count)
-            stats[f"top{s + 1}"] = float(((z.argmax(-1) == labels[:, s : s + rows].argmax(-1)).float() * weight).sum() / count)
+            stats[f"ce{s + 1}"] = float(ce.sum() / count)
+            stats[f"top{s + 1}"] = float((z.argmax(-1) == labels[at].argmax(-1)).float().sum() / count)
             if s == 0:
-                stats["overlap1"] = float((torch.minimum(torch.softmax(z, -1), labels).sum(-1) * weight).sum() / count)
-                stats["tokens"] = int(weight.sum())
+                stats["overlap1"] = float(torch.minimum(torch.softmax(z, -1), labels[at]).sum(-1).sum() / count)
+                stats["tokens"] = int(at.numel())
     return loss, stats
 
 

@@ -151,7 +151,20 @@ class FeatureHead(nn.Module):
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                 past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None,
                 last_only: bool = False):
-        """One pass over ``T`` new pairs.
+        """One pass over ``T`` new pairs: :meth:`layer`, then :meth:`logits` of its output.
+
+        Returns:
+            ``(f [B, T', d], logits [B, T', V_r], (keys, values) [B, kv_heads, S + T, hd])`` (see
+            :meth:`layer`).
+        """
+        f, past = self.layer(features, tokens, positions, past=past, mask=mask, last_only=last_only)
+        return f, self.logits(f), past
+
+    def layer(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+              past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None,
+              last_only: bool = False):
+        """The draft's features over ``T`` new pairs, without the LM head (training takes the
+        logits of the labelled rows only).
 
         Args:
             features: ``[B, T, d]`` float32, ``h_t`` (or the draft's own ``f``) of each pair.
@@ -159,13 +172,12 @@ class FeatureHead(nn.Module):
             positions: ``[T]`` int64 rotary positions.
             past: ``(keys, values)`` ``[B, kv_heads, S, hd]`` of earlier pairs, or None.
             mask: ``[T, S + T]`` bool, True where a pair may attend; None = causal after all of past.
-            last_only: ``f`` and ``logits`` of the last pair only (``T' = 1``): catching the cache
-                up needs every pair's keys and values but only the last pair's output, so the
-                attention rows, the MLP and the LM head of the others are skipped (the LM head
-                alone is ~2/3 of a pair's work).
+            last_only: ``f`` of the last pair only (``T' = 1``): catching the cache up needs every
+                pair's keys and values but only the last pair's output, so the attention rows and
+                the MLP of the others are skipped (and, in :meth:`forward`, their LM head, alone
+                ~2/3 of a pair's work).
         Returns:
-            ``(f [B, T', d], logits [B, T', V_r], (keys, values) [B, kv_heads, S + T, hd])``, ``T' = T``
-            (or 1).
+            ``(f [B, T', d], (keys, values) [B, kv_heads, S + T, hd])``, ``T' = T`` (or 1).
         """
         batch, t_new, _ = features.shape
         a = self.fc(torch.cat([_rms_norm(features, self.feature_norm, self.eps),
@@ -187,7 +199,7 @@ class FeatureHead(nn.Module):
         a = a + self.o_proj(att.transpose(1, 2).reshape(batch, t_new, -1))
         x = _rms_norm(a, self.post_norm, self.eps)
         f = a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, d]
-        return f, self.logits(f), (k, v)
+        return f, (k, v)
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         """``W_r norm(f)``: ``[..., d]`` features -> ``[..., V_r]`` logits over the reduced vocabulary.

@@ -140,3 +140,51 @@ def test_losses_are_taken_on_answer_positions_only():
     assert stats["tokens"] == 2 * (11 - 3) and {"top1", "top2", "top3", "ce3"} <= set(stats)
     assert draft_training.answer_start(torch.tensor([5, 1, 2, 9, 1, 2, 7, 8]), [1, 2]) == 6
     assert draft_training.answer_start(torch.tensor([5, 9]), [1, 2]) == 0
+
+
+def _dense_losses(head, tokens, hidden, learn, steps: int, decay: float = 0.8):
+    """The readable reference of draft_training.draft_losses (noise 0): logits at every row of
+    every unrolled step, the losses weighted by the answer mask."""
+    import torch
+    import torch.nn.functional as F
+
+    B, T, d = hidden.shape
+    labels = torch.softmax(F.linear(head.final_norm(hidden[:, 1:]), head.head), dim=-1)  # [B, T-1, V_r]
+    targets = head.final_norm(hidden[:, 1:])
+    n0, loss, past, f = T - 1, 0.0, None, None
+    for s in range(steps):
+        rows = n0 - s
+        if s == 0:
+            f, z, past = head(hidden[:, :-1], tokens[:, 1:T], torch.arange(n0))
+        else:
+            mask = torch.zeros(rows, past[0].shape[2] + rows, dtype=torch.bool)
+            mask[:, :n0] = torch.ones(rows, n0, dtype=torch.bool).tril()
+            for earlier in range(1, s + 1):
+                offset = n0 + sum(n0 - e for e in range(1, earlier))
+                mask[torch.arange(rows), offset + torch.arange(rows)] = True
+            f, z, past = head(f[:, :rows], tokens[:, s + 1 : s + 1 + rows], torch.arange(s, s + rows), past=past, mask=mask)
+        weight = learn[:, s + 1 : s + 1 + rows].float()
+        ce = -(labels[:, s : s + rows] * F.log_softmax(z, -1)).sum(-1)
+        reg = F.smooth_l1_loss(head.final_norm(f), targets[:, s : s + rows], reduction="none").mean(-1)
+        loss = loss + decay**s * ((ce + 10 * reg) * weight).sum() / weight.sum().clamp(min=1)
+    return loss
+
+
+def test_losses_equal_the_dense_reference_in_value_and_gradient():
+    """The LM head is applied to labelled rows only: same loss and gradients as computing every row
+    and weighting (answers starting at different positions, a padded shorter sequence)."""
+    torch = pytest.importorskip("torch")
+    head, rows = _tiny_head()
+    rows = [(rows[0][0], rows[0][1], 3), (rows[1][0][:9], rows[1][1][:8], 6), (rows[2][0], rows[2][1], 0)]
+    batch = draft_training._pad(rows, 16)
+    params = [p for p in head.parameters() if p.requires_grad]
+    loss, _ = draft_training.draft_losses(head, *batch, noise=0.0, steps=3)
+    grads = torch.autograd.grad(loss, params)
+    reference = _dense_losses(head, *batch, steps=3)
+    expected = torch.autograd.grad(reference, params)
+    assert torch.allclose(loss, reference, rtol=1e-5, atol=1e-6)
+    assert all(torch.allclose(g, e, rtol=1e-4, atol=1e-6) for g, e in zip(grads, expected))
+    # Power: a mask shifted by one position (a label off by one) changes the loss.
+    tokens, hidden, learn = batch
+    shifted, _ = draft_training.draft_losses(head, tokens, hidden, learn.roll(1, dims=1), noise=0.0, steps=3)
+    assert not torch.allclose(shifted, reference, rtol=1e-3)
