@@ -26,6 +26,8 @@ from pathlib import Path
 
 #: What the chat template puts before an assistant turn: the answer starts after its last occurrence.
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
+#: What :func:`train` may compute the forward's matrix products in.
+PRECISIONS = ("float32", "bfloat16")
 #: The draft file's format (in its metadata): 2 normalizes the head's two inputs (FeatureHead's n_h, n_e).
 FORMAT = 2
 
@@ -162,15 +164,20 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
 
 
 def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: float, seed: int,
-          ckpt_dir: Path, max_steps: int = 0, checkpoint_every: int = 50, ttt_steps: int = 3, log=print):
+          ckpt_dir: Path, max_steps: int = 0, checkpoint_every: int = 50, ttt_steps: int = 3,
+          precision: str = "float32", log=print):
     """AdamW with warmup and cosine decay; a checkpoint every ``checkpoint_every`` steps and at the
     end of each epoch (resumable mid-epoch: the epoch's batch order is a function of the seed; a
     finished run resumed trains nothing more). A non-finite loss stops the run with a
     FloatingPointError before the step is taken (the last checkpoint stays as it was).
-    Returns the loss log."""
+    ``precision="bfloat16"``: the forward's matrix products in bfloat16 (CPU autocast; weights,
+    optimizer, softmaxes and losses stay float32), ~1.5x faster a step on a CPU with native
+    bfloat16 (AVX512-BF16, AMX), slower without it. Returns the loss log."""
     import torch
     from tqdm import tqdm
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     steps_per_epoch = math.ceil(len(rows) / batch)
@@ -205,7 +212,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
         bar = tqdm(batches, total=steps_per_epoch, initial=done, desc=f"epoch {epoch + 1}/{epochs}")
         sums, count = {}, 0
         for seqs in bar:
-            loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, steps=ttt_steps, generator=gen)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                loss, stats = draft_losses(head, *_pad(seqs, max_len), noise=noise, steps=ttt_steps, generator=gen)
             loss_value = float(loss.detach())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"the loss is {loss_value} at step {step + 1}: stopping (nothing written; "

@@ -37,7 +37,7 @@ from .. import paths
 from ..cli import number
 from .draft_data import collect_data, load_sequences, shard_plan
 from .draft_prompts import DOC_CHUNK, GEN_CHUNK, PROMPTS_VERSION
-from .draft_training import ASSISTANT_HEADER, FORMAT, answer_start, reduced_vocabulary, train
+from .draft_training import ASSISTANT_HEADER, FORMAT, PRECISIONS, answer_start, reduced_vocabulary, train
 
 EXPERIMENT = "train_draft"
 
@@ -66,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-len", type=number(int, 8), default=384, help="positions per sequence in training")
     parser.add_argument("--lr", type=number(float, 0, 1, low_open=True, high_open=True), default=1e-3)
     parser.add_argument("--noise", type=number(float, 0), default=0.1, help="uniform feature noise, times the mean |h|")
+    parser.add_argument("--precision", choices=("auto",) + PRECISIONS, default="float32",
+                        help="the forward's matrix products (bfloat16: ~1.5x faster a step where oneDNN has bfloat16 "
+                             "kernels, AVX512 or AMX; auto: bfloat16 there, float32 elsewhere)")
     parser.add_argument("--max-steps", type=count, default=0, help="stop after this many steps (0: all epochs)")
     parser.add_argument("--seed", type=count, default=0)
     parser.add_argument("--threads", type=positive, default=2)
@@ -83,6 +86,8 @@ def parse_args(argv=None):
             print("--tiny sets " + ", ".join(f"--{k.replace('_', '-')} {TINY[k]} (not {getattr(args, k)})" for k in given))
         for k, v in TINY.items():
             setattr(args, k, v)
+    if args.precision == "auto":
+        args.precision = _auto_precision()
     if args.out is not None and args.out.exists() and not args.out.is_file():
         parser.error(f"--out {args.out} is not a file")
     if args.prompts + args.documents == 0:
@@ -90,6 +95,16 @@ def parse_args(argv=None):
     if args.tiny and args.out is not None and _is_shipped(args.out):
         parser.error(f"--tiny writes a toy draft: not over the shipped {args.out}")
     return args
+
+
+def _auto_precision() -> str:
+    """bfloat16 where oneDNN computes it natively (x86 with AVX512 or AMX), float32 elsewhere."""
+    import torch
+
+    try:
+        return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return "float32"
 
 
 def _is_shipped(path: Path) -> bool:
@@ -116,6 +131,7 @@ def main(argv=None):
         data_params["max_files"] = args.max_files
     train_params = {**data_params, **{k: getattr(args, k) for k in ("vocab", "epochs", "batch", "max_len", "lr", "noise",
                                                                       "max_steps", "ttt_steps")},
+                    **({"precision": args.precision} if args.precision != "float32" else {}),
                     "format": FORMAT}
     run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
     print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}")
@@ -148,7 +164,7 @@ def main(argv=None):
     head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
     head.init_from_layer(model.model.layers[-1])
     history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
-                    max_steps=args.max_steps, ttt_steps=args.ttt_steps)
+                    max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
     if not history:
         raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
     out = args.out if args.out is not None else run_dir / "draft.safetensors"

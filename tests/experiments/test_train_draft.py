@@ -188,3 +188,24 @@ def test_losses_equal_the_dense_reference_in_value_and_gradient():
     tokens, hidden, learn = batch
     shifted, _ = draft_training.draft_losses(head, tokens, hidden, learn.roll(1, dims=1), noise=0.0, steps=3)
     assert not torch.allclose(shifted, reference, rtol=1e-3)
+
+
+def test_bfloat16_training_follows_float32_and_precision_is_checked(tmp_path):
+    """bfloat16 products (autocast) track the float32 run's losses closely over a few steps; an
+    unknown precision is named; ``--precision auto`` resolves to one the trainer takes."""
+    head, rows = _tiny_head()
+    state = {k: v.clone() for k, v in head.state_dict().items()}
+    runs = {}
+    for precision in ("float32", "bfloat16"):
+        head.load_state_dict(state)
+        runs[precision] = draft_training.train(head, rows, epochs=1, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                                               ckpt_dir=tmp_path, precision=precision, log=lambda *a: None)
+        (tmp_path / "checkpoint.pt").unlink()
+    for a, b in zip(runs["float32"], runs["bfloat16"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=0.05)
+    assert any(a["loss"] != b["loss"] for a, b in zip(runs["float32"], runs["bfloat16"]))  # bfloat16 was used
+    with pytest.raises(ValueError, match="precision must be one of"):
+        draft_training.train(head, rows, epochs=1, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0,
+                             ckpt_dir=tmp_path, precision="float16", log=lambda *a: None)
+    assert train_draft.parse_args([]).precision in draft_training.PRECISIONS
+    assert train_draft.parse_args(["--precision", "float32"]).precision == "float32"
