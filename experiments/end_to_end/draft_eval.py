@@ -25,6 +25,7 @@ Results: ``results/draft_eval/<key>/`` (``acceptance.csv``, ``runs.csv``, ``meta
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -259,9 +260,7 @@ def _write_csv(path, rows):
 
 def write_table(summary, speed, meta, out_path, command):
     """``media/learned_draft.md``: acceptance per position vs the law, and the speed table."""
-    from specverify.integrations import learned_draft
-
-    info = learned_draft.metadata()
+    info = meta["draft"]  # the metadata of the draft file that was run
     lines = ["# The learned draft on held-out prompts", "",
              f"Machine: {_cpu_name()}, {os.cpu_count()} cores ({meta['platform']}), {_threads(meta)}, {meta['utc'][:10]}; "
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
@@ -272,11 +271,8 @@ def write_table(summary, speed, meta, out_path, command):
                 else f"{info.get('vocab_coverage', '?')} of the training tokens")
              + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
-             + (f"); trained {info['steps']} steps of {info['params'].get('batch', '?')} sequences "
-                f"({info['params'].get('epochs', '?')} epochs) by `python -m experiments.end_to_end.train_draft`."
-                if "steps" in info and "params" in info else
-                f"); its last `python -m experiments.end_to_end.train_draft` call took {info.get('minutes', '?')} min "
-                "here (data shards already on disk are reused)."), "",
+             + f"); trained {info['steps']} steps of {info['params']['batch']} sequences ({info['params']['epochs']} "
+             "epochs) by `python -m experiments.end_to_end.train_draft`.", "",
              "## Acceptance per draft position (rounds that reached it)", "",
              "| mode | " + " | ".join(f"pos {i + 1}" for i in range(meta["k"])) + " | law: tokens/pass | measured tokens/pass |",
              "|---|" + "--:|" * (meta["k"] + 2)]
@@ -556,7 +552,14 @@ def main(argv=None):
     params = dict(real_model_configs.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9,
                                                  seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
-    key = dict(params, _head=str(args.weights), sets=sets, configs=configs, repeats=args.repeats)
+    from specverify.integrations import learned_draft
+
+    weights = args.weights if args.weights is not None else learned_draft.DEFAULT_WEIGHTS
+    if not weights.is_file():
+        ap.error(f"--weights: no file {weights}")
+    # the draft's bytes, not its path: a retrained file shipped in place is a new run
+    key = dict(params, _head=hashlib.sha256(weights.read_bytes()).hexdigest()[:16], sets=sets, configs=configs,
+               repeats=args.repeats)
     if args.threads != 1:  # (one thread keeps the key of the runs before the option)
         key["threads"] = args.threads
     out_dir = paths.result_dir(EXPERIMENT, key)
@@ -585,7 +588,7 @@ def main(argv=None):
         return
     load_before = os.getloadavg()
     model, tokenizer, draft_model, ids = real_model_timing._load(params, prompts, print)
-    head = learned_draft.load(model, args.weights)
+    head = learned_draft.load(model, weights)
     params["_head"] = head
     from specverify import law
 
@@ -611,6 +614,7 @@ def main(argv=None):
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
                 threads=args.threads,
                 planner_costs=str(cost_file) if params["_costs"] is not None else "learned online",
+                draft={k: v for k, v in learned_draft.metadata(weights).items() if k not in ("sources", "run")},
                 min_confidence=params["min_confidence"],
                 loadavg_before=load_before, loadavg_after=os.getloadavg())
     paths.write_json(out_dir / "meta.json", dict(meta, summary=summary, speed=speed))

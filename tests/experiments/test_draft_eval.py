@@ -48,7 +48,10 @@ def run(tmp_path):
     records = _records()
     summary = draft_eval.acceptance_summary(records, 2)
     speed = draft_eval.speed_summary(rows)
-    meta = dict(paths.run_metadata(), prompt_sets=["heldout"], n_prompts=2, max_new=96, k=2, min_confidence=0.2)
+    draft = {"tokens": 5000, "tokens_by_kind": {"answers": 5000, "answers_trained": 3000}, "steps": 40,
+             "params": {"vocab": 512, "batch": 8, "epochs": 2}, "vocab_coverage_answers": 0.97}
+    meta = dict(paths.run_metadata(), prompt_sets=["heldout"], n_prompts=2, max_new=96, k=2, min_confidence=0.2,
+                draft=draft)
     draft_eval._write_csv(tmp_path / "acceptance.csv", records)
     draft_eval._write_csv(tmp_path / "runs.csv", rows)
     paths.write_json(tmp_path / "meta.json", dict(meta, summary=summary, speed=speed))
@@ -85,6 +88,7 @@ def test_acceptance_summary_and_table(run, tmp_path):
     draft_eval.write_table(summary, speed, meta, table, "python -m experiments.end_to_end.draft_eval")
     text = table.read_text()
     assert "draft / target / verify / other" in text and "| 3.00 |" in text  # the drawn tree's nodes per pass
+    assert "Draft: 5000 training tokens" in text and "trained 40 steps of 8 sequences (2 epochs)" in text  # the run's draft
     for config in ("hf_assisted_ee", "sv_greedy_hybrid_auto", "sv_sample_learned_drawn_tree"):
         assert f"| {config} |" in text
 
