@@ -49,7 +49,7 @@ TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, docume
 def parse_args(argv=None):
     positive, count = number(int, 1), number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.end_to_end.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=count, default=3200, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
+    parser.add_argument("--prompts", type=count, default=6400, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
     parser.add_argument("--documents", type=count, default=0,
@@ -66,7 +66,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-len", type=number(int, 8), default=384, help="positions per sequence in training")
     parser.add_argument("--lr", type=number(float, 0, 1, low_open=True, high_open=True), default=1e-3)
     parser.add_argument("--noise", type=number(float, 0), default=0.1, help="uniform feature noise, times the mean |h|")
-    parser.add_argument("--precision", choices=("auto",) + PRECISIONS, default="float32",
+    parser.add_argument("--precision", choices=("auto",) + PRECISIONS, default="auto",
                         help="the forward's matrix products (bfloat16: ~1.5x faster a step where oneDNN has bfloat16 "
                              "kernels, AVX512 or AMX; auto: bfloat16 there, float32 elsewhere)")
     parser.add_argument("--max-steps", type=count, default=0, help="stop after this many steps (0: all epochs)")

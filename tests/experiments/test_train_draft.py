@@ -209,3 +209,18 @@ def test_bfloat16_training_follows_float32_and_precision_is_checked(tmp_path):
                              ckpt_dir=tmp_path, precision="float16", log=lambda *a: None)
     assert train_draft.parse_args([]).precision in draft_training.PRECISIONS
     assert train_draft.parse_args(["--precision", "float32"]).precision == "float32"
+
+
+def test_the_defaults_are_the_shipped_drafts_parameters():
+    """``python -m experiments.end_to_end.train_draft`` with its defaults reproduces the shipped draft:
+    every training parameter in its metadata is the parser's default (precision: ``auto`` picks it
+    where oneDNN has bfloat16, as on the machine that trained it)."""
+    from specverify.integrations import learned_draft
+
+    params = dict(learned_draft.metadata()["params"])
+    assert params.pop("format") == draft_training.FORMAT
+    args = train_draft.parse_args([])
+    shipped_precision = params.pop("precision", "float32")
+    assert args.precision == shipped_precision or train_draft._auto_precision() != shipped_precision
+    for key, value in params.items():
+        assert getattr(args, key) == value, key
