@@ -122,9 +122,9 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     feats = hidden[:, :-1]  # h_0 .. h_{T-2}
     if noise:
         feats = feats + noise * (torch.rand(feats.shape, generator=generator) - 0.5) * feats.abs().mean()
-    # The LM head (V_r x d, ~2/3 of a pair's work) is applied to labelled positions only: about a
-    # third of a padded batch's positions are answer tokens; the others are context (their
-    # features and keys are still computed) or padding.
+    # The LM head (V_r x d, ~2/3 of a pair's work) is applied to labelled positions only: the
+    # others (the prompt and chat template, ~45 % of the tokens here, and padding) are context,
+    # whose features and keys are still computed.
     labelled = learn[:, 1:]  # [B, T-1]: label position t + 1 is an answer token
     row_of = torch.full((B, T - 1), -1, dtype=torch.int64)  # [B, T-1] -> row of labels
     row_of[labelled] = torch.arange(int(labelled.sum()))
