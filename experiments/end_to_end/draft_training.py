@@ -150,9 +150,10 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
         picked = learn[:, s + 1 : s + 1 + rows]  # [B, rows]: label position j + s + 1 is an answer token
         at = row_of[:, s : s + rows][picked]  # [n] rows of labels / targets
         count = max(1, at.numel())
-        z = head.logits(f[picked])  # [n, V_r]
+        labelled_f = f[picked]  # [n, d]
+        z = head.logits(labelled_f)  # [n, V_r]
         ce = -(labels[at] * F.log_softmax(z, -1)).sum(-1)  # [n]
-        reg = F.smooth_l1_loss(head.final_norm(f[picked]), targets[at], reduction="none").mean(-1)  # [n]
+        reg = F.smooth_l1_loss(head.final_norm(labelled_f), targets[at], reduction="none").mean(-1)  # [n]
         loss = loss + decay**s * (ce + 10 * reg).sum() / count
         with torch.no_grad():
             stats[f"ce{s + 1}"] = float(ce.sum() / count)
