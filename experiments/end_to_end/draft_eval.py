@@ -242,6 +242,44 @@ def acceptance_summary(records, k: int):
 GATE_BINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)  # an edge at the default gate, 0.2
 
 
+#: The warp of the sampling rows (the acceptance measurement's and the timed configs').
+SAMPLE = dict(temperature=0.7, top_k=0, top_p=0.9)
+#: ``python -m specverify.integrations.calibrate`` with these arguments writes each mode's costs.
+CALIBRATE_ARGS = {"greedy": "--learned --fast-linears",
+                  "sample": "--learned --fast-linears --sample --temperature 0.7 --top-p 0.9"}
+
+
+def planner_cost_files(threads: int):
+    """``({"greedy": costs, "sample": costs}, {mode: where they came from})``: each mode's calibrated
+    costs (:func:`specverify.integrations.calibrate.cost_key`) for ``threads`` threads on the fast
+    linears (every row runs on them). A sampling calibration that is missing or was made with
+    another warp than :data:`SAMPLE` is replaced by the greedy one (as before calibrations had
+    modes), and the table says so; no calibration at all: None, learned online."""
+    from specverify import law
+    from specverify.integrations.calibrate import cost_key
+
+    costs, sources = {}, {}
+    for mode in ("greedy", "sample"):
+        path = law.cost_cache_path(cost_key("smollm2", fast_linears=True, sample=mode == "sample"), threads=threads)
+        found = law.load_costs(path)
+        if found is not None and mode == "sample" and found.meta.get("sampling") != SAMPLE | {"min_p": 0.0}:
+            found = None  # timed with another warp: not this run's costs
+        if found is None and mode == "sample" and costs["greedy"] is not None:
+            costs[mode], sources[mode] = costs["greedy"], sources["greedy"] + " (no sampling calibration)"
+            continue
+        costs[mode] = found
+        sources[mode] = f"{path} (`python -m specverify.integrations.calibrate {CALIBRATE_ARGS[mode]}`)" \
+            if found is not None else "learned online"
+    return costs, sources
+
+
+def _costs_text(planner_costs) -> str:
+    """The table's words for the planner's costs (a run's meta; older runs stored one string)."""
+    if isinstance(planner_costs, str):
+        return planner_costs
+    return "; ".join(f"{mode}: {source}" for mode, source in planner_costs.items())
+
+
 def gate_calibration(records):
     """Per bin of the gate statistic: ``(lo, hi, positions, realized)``, ``realized`` the mean of
     ``reached * value`` (greedy: the position was reached and accepted; sampling: reached, times
@@ -328,8 +366,7 @@ def write_table(summary, speed, meta, out_path, command):
                   "(`specverify.decoding.planner`) proposes prompt lookup's copy, the learned chain (`_tree`: or the "
                   "learned tree) or nothing, by expected tokens per cost, up to lookup's K (5) tokens (the learned chain "
                   "up to 4); its costs: "
-                  f"{meta.get('planner_costs', 'learned online')} (`python -m specverify.integrations.calibrate "
-                  "--learned --fast-linears`); `_online`: its costs learned from the decoder's timings instead "
+                  f"{_costs_text(meta.get('planner_costs', 'learned online'))}; `_online`: its costs learned from the decoder's timings instead "
                   "(`learned_callbacks`' default, what `speculative_callbacks(model, \"learned\")` gives); one planner per config over the prompts, in order, as a user keeps one "
                   "(what it learned of the learned draft carries from prompt to prompt; lookup's rates start over "
                   "with each prompt)."]
@@ -549,7 +586,7 @@ def main(argv=None):
         ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
     torch.set_num_threads(args.threads)
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
-    params = dict(real_model_configs.make_params(max_new=args.max_new, temperature=0.7, top_k=0, top_p=0.9,
+    params = dict(real_model_configs.make_params(max_new=args.max_new, **SAMPLE,
                                                  seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
     from specverify.integrations import learned_draft
@@ -592,11 +629,10 @@ def main(argv=None):
     params["_head"] = head
     from specverify import law
 
-    cost_file = law.cost_cache_path("smollm2-fast", threads=args.threads)  # every row runs on the fast linears
-    params["_costs"] = law.load_costs(cost_file)  # the planner's costs: calibrated here, or learned online (None)
-    print(f"planner costs: {cost_file if params['_costs'] is not None else 'none cached: learned online'}")
+    params["_costs"], planner_costs = planner_cost_files(args.threads)
+    print(f"planner costs: {planner_costs}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    sample = dict(temperature=0.7, top_k=0, top_p=0.9)
+    sample = SAMPLE
     records, coverage = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
     _write_csv(out_dir / "acceptance.csv", records)
     summary = acceptance_summary(records, args.k)
@@ -613,7 +649,7 @@ def main(argv=None):
             print(s)
     meta = dict(paths.run_metadata(), prompt_sets=sets, n_prompts=len(prompts), max_new=args.max_new, k=args.k,
                 threads=args.threads,
-                planner_costs=str(cost_file) if params["_costs"] is not None else "learned online",
+                planner_costs=planner_costs,
                 draft={k: v for k, v in learned_draft.metadata(weights).items() if k not in ("sources", "run")},
                 min_confidence=params["min_confidence"],
                 loadavg_before=load_before, loadavg_after=os.getloadavg())

@@ -30,8 +30,8 @@ children drawn without / with replacement, verified by the stochastic tree rules
 :class:`~specverify.decoding.planner.Planner` of
 :func:`~specverify.integrations.learned_draft.learned_callbacks` proposes prompt lookup's copy,
 the learned chain (``_tree``: or the learned tree) or nothing, up to ``k_lookup`` tokens, with
-the costs in ``p["_costs"]`` (calibrated, or None: learned online; ``_online``: always learned
-online, as ``learned_callbacks`` does by default). A row's ``won`` counts the rounds each
+the costs of the mode in ``p["_costs"]`` (``{"greedy": costs, "sample": costs}``, each calibrated or
+None: learned online; ``_online``: always learned online, as ``learned_callbacks`` does by default). A row's ``won`` counts the rounds each
 candidate won.
 
 A ``_auto`` suffix (``sv_greedy_lookup_tree_auto``, ``sv_sample_lookup_tree_auto``) has
@@ -142,7 +142,8 @@ def sv_callbacks(config, model, draft_model, p, greedy: bool, tree: bool, node_b
         # what it learned of the learned draft carries from prompt to prompt, lookup's starts over
         policies = p.get("_policies", {})
         if config not in policies:
-            costs = None if "_online" in config else p.get("_costs")  # _online: learned from the timings
+            # each mode's calibration (draft_eval.planner_cost_files); _online: learned from the timings
+            costs = None if "_online" in config else (p.get("_costs") or {}).get("greedy" if greedy else "sample")
             policies[config] = learned_callbacks(model, p["_head"], costs=costs, greedy=greedy,
                                                  generator=generator, tree=config.endswith("_tree"),
                                                  node_budget=p["node_budget"], **sample)

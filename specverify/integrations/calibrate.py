@@ -12,10 +12,14 @@ the one-token pass.
 Command (writes the cache the planner reads, :func:`specverify.law.cost_cache_path`)::
 
     python -m specverify.integrations.calibrate --model smollm2 --threads 1 [--learned] [--fast-linears]
+        [--sample [--temperature T] [--top-k K] [--top-p P] [--min-p M]]
 
 ``--model`` is ``smollm2`` (the offline SmolLM2-135M, :mod:`.smollm2`) or a transformers model name
-or path (loaded with ``local_files_only``); ``--out`` overrides the cache path. Run it on a quiet
-machine: the numbers are what the decoder's choices are priced with.
+or path (loaded with ``local_files_only``); ``--out`` overrides the cache path. ``--sample`` times
+the calls as sampling decoding makes them: the target's rows warped into probabilities, a model
+draft's rows warped and its tokens drawn (SmolLM2's learned chain ~1.2-1.35x its greedy call here); it
+writes its own cache (:func:`cost_key`), which sampling decoders should be given. Run it on a
+quiet machine: the numbers are what the decoder's choices are priced with.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from typing import Callable, Dict, Mapping, Optional
 import torch
 
 from ..law.costs import MeasuredCosts, cost_cache_path, machine_name, save_costs
-from .transformers import CausalLMTarget, PromptLookupDraft
+from .transformers import CausalLMTarget, PromptLookupDraft, Sampling
 
-__all__ = ["calibrate", "main"]
+__all__ = ["calibrate", "cost_key", "main"]
 
 
 def _positive(value, name: str) -> int:
@@ -95,6 +99,12 @@ def calibrate(model, drafts: Optional[Mapping[str, Callable]] = None, *, max_tok
     return MeasuredCosts(tuple(passes[n] / one for n in range(1, max_tokens + 1)), draft_costs, info)
 
 
+def cost_key(model: str, *, fast_linears: bool = False, sample: bool = False) -> str:
+    """The name under which ``model``'s costs are cached (:func:`specverify.law.cost_cache_path`):
+    ``model``, ``-fast`` with the fast linears, ``-sample`` when timed as sampling decoding runs."""
+    return model + ("-fast" if fast_linears else "") + ("-sample" if sample else "")
+
+
 def _load_model(name: str):
     if name == "smollm2":
         from . import smollm2
@@ -116,9 +126,21 @@ def main(argv=None) -> MeasuredCosts:
     parser.add_argument("--repeats", type=int, default=5, help="timings per length (the least is kept)")
     parser.add_argument("--learned", action="store_true", help="also time the shipped learned draft (chain and tree)")
     parser.add_argument("--fast-linears", action="store_true", help="time with use_fast_linears and grouped attention")
+    parser.add_argument("--sample", action="store_true", help="time the calls as sampling decoding makes them")
+    parser.add_argument("--temperature", type=float, default=1.0, help="with --sample: the warp's temperature")
+    parser.add_argument("--top-k", type=int, default=0, help="with --sample: the warp's top-k (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --sample: the warp's top-p (1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="with --sample: the warp's min-p (0: off)")
     parser.add_argument("--out", default=None, help="cost file to write (default: the user cache)")
     args = parser.parse_args(argv)
     threads = _positive(args.threads, "--threads")
+    warp = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    if not args.sample and warp != {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}:
+        parser.error("--temperature, --top-k, --top-p and --min-p need --sample")
+    try:
+        sampling = Sampling(greedy=not args.sample, **warp)
+    except ValueError as error:
+        parser.error(str(error))
     torch.set_num_threads(threads)
     model = _load_model(args.model)
     if args.fast_linears:
@@ -126,18 +148,18 @@ def main(argv=None) -> MeasuredCosts:
 
         use_fast_linears(model, threads)
         use_grouped_attention(model)
-    target = CausalLMTarget(model)
+    target = CausalLMTarget(model, sampling)
     drafts = {"lookup": PromptLookupDraft()}
-    if args.learned:  # named as learned_draft.planned_draft's candidates
+    if args.learned:  # named as learned_draft.planned_draft's candidates; they read the mode from the target
         from .learned_draft import LearnedDraft, LearnedTreeDraft, load
 
         head = load(model)
-        drafts["learned"] = LearnedDraft(head, target)
+        drafts["learned"] = LearnedDraft(head, target, generator=torch.Generator().manual_seed(1))
         drafts["learned_tree"] = LearnedTreeDraft(head, target)
-    key = args.model + ("-fast" if args.fast_linears else "")
+    key = cost_key(args.model, fast_linears=args.fast_linears, sample=args.sample)
     costs = calibrate(model, drafts, max_tokens=args.max_tokens, max_draft=args.max_draft, prefix_len=args.prefix,
                       repeats=args.repeats, target=target, generator=torch.Generator().manual_seed(0),
-                      meta={"model": key})
+                      meta={"model": key, "sampling": None if not args.sample else warp})
     path = save_costs(costs, args.out or cost_cache_path(key, threads))
     print(f"{path}\n" + "\n".join(f"T({n}) = {t:.3f}" for n, t in enumerate(costs.target, 1)))
     for name, values in costs.drafts.items():

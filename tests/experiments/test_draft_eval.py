@@ -113,3 +113,28 @@ def test_a_table_name_outside_media_is_refused(name, capsys):
     with pytest.raises(SystemExit) as info:
         draft_eval.main(["--name", name, "--table-only"])
     assert info.value.code == 2 and "--name" in capsys.readouterr().err
+
+
+def test_each_mode_takes_its_own_calibration(tmp_path, monkeypatch):
+    """Sampling rows are priced with the --sample calibration of the run's warp; without one (or one
+    of another warp) with the greedy calibration, and the table says which; none: learned online."""
+    from specverify import law
+    from specverify.integrations.calibrate import cost_key
+
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    costs, sources = draft_eval.planner_cost_files(1)
+    assert costs == {"greedy": None, "sample": None} and set(sources.values()) == {"learned online"}
+    greedy = law.MeasuredCosts((1.0, 1.1), {"learned": (0.07,)}, {"sampling": None})
+    law.save_costs(greedy, law.cost_cache_path(cost_key("smollm2", fast_linears=True), 1))
+    costs, sources = draft_eval.planner_cost_files(1)
+    assert costs == {"greedy": greedy, "sample": greedy} and sources["sample"].endswith("(no sampling calibration)")
+    sample_path = law.cost_cache_path(cost_key("smollm2", fast_linears=True, sample=True), 1)
+    other = law.MeasuredCosts((1.0, 1.2), {"learned": (0.1,)}, {"sampling": dict(draft_eval.SAMPLE, temperature=1.0,
+                                                                                 min_p=0.0)})
+    law.save_costs(other, sample_path)
+    assert draft_eval.planner_cost_files(1)[0]["sample"] == greedy  # another warp's costs are not this run's
+    sample = law.MeasuredCosts((1.0, 1.2), {"learned": (0.1,)}, {"sampling": dict(draft_eval.SAMPLE, min_p=0.0)})
+    law.save_costs(sample, sample_path)
+    costs, sources = draft_eval.planner_cost_files(1)
+    assert costs == {"greedy": greedy, "sample": sample} and "--sample --temperature 0.7 --top-p 0.9" in sources["sample"]
+    assert "greedy: " in draft_eval._costs_text(sources) and draft_eval._costs_text("learned online") == "learned online"

@@ -101,3 +101,41 @@ def test_the_smollm2_model_loads_as_a_model():
     import torch
 
     assert isinstance(cal._load_model("smollm2"), torch.nn.Module)
+
+
+def test_sample_times_warped_rows_and_writes_its_own_cache(tiny_model, tmp_path, monkeypatch):
+    """--sample builds the target as sampling decoding does (rows warped into probabilities) and
+    caches under its own key, with the warp in the costs' meta; the greedy cache is not touched."""
+    from specverify.integrations.transformers import CausalLMTarget
+
+    monkeypatch.setenv("SPECVERIFY_CACHE", str(tmp_path))
+    monkeypatch.setattr(cal, "_load_model", lambda name: tiny_model)
+    built = []
+    init = CausalLMTarget.__init__
+
+    def spy(self, model, sampling=cal.Sampling()):
+        built.append(sampling)
+        init(self, model, sampling)
+
+    monkeypatch.setattr(cal.CausalLMTarget, "__init__", spy)
+    small = ["--model", "tiny", "--max-tokens", "2", "--max-draft", "1", "--prefix", "4", "--repeats", "1"]
+    costs = cal.main(small + ["--sample", "--temperature", "0.7", "--top-p", "0.9"])
+    assert built[-1] == cal.Sampling(greedy=False, temperature=0.7, top_p=0.9)
+    assert costs.meta["sampling"] == {"temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0}
+    assert costs.meta["model"] == cal.cost_key("tiny", sample=True) == "tiny-sample"
+    assert law.load_costs(law.cost_cache_path("tiny-sample", 1)) == costs
+    assert law.load_costs(law.cost_cache_path("tiny", 1)) is None
+    greedy = cal.main(small)
+    assert built[-1] == cal.Sampling() and greedy.meta["sampling"] is None
+    assert cal.cost_key("m", fast_linears=True, sample=True) == "m-fast-sample"
+    torch.set_num_threads(torch.get_num_threads())
+
+
+@pytest.mark.parametrize("argv, named", [(["--top-p", "0.9"], "need --sample"),
+                                         (["--sample", "--temperature", "0"], "temperature"),
+                                         (["--sample", "--top-p", "1.5"], "top_p")])
+def test_bad_warp_arguments_are_usage_errors(tiny_model, monkeypatch, capsys, argv, named):
+    monkeypatch.setattr(cal, "_load_model", lambda name: tiny_model)
+    with pytest.raises(SystemExit) as exit_:
+        cal.main(["--model", "tiny", "--out", "/nonexistent/never.json"] + argv)
+    assert exit_.value.code == 2 and named in capsys.readouterr().err

@@ -641,6 +641,22 @@ def test_real_model_learned_configs_build_callbacks(tiny):
         d.tap.remove()
 
 
+def test_planned_configs_take_their_mode_s_costs(tiny):
+    """draft_eval's planner rows are priced with their mode's calibration, `_online` with none."""
+    from specverify import law
+    from experiments.end_to_end import real_model_configs as configs
+
+    model, head = tiny
+    costs = {"greedy": law.MeasuredCosts((1.0, 1.1), {"learned": (0.07,)}),
+             "sample": law.MeasuredCosts((1.0, 1.2), {"learned": (0.09,)})}
+    for config, expected in (("sv_greedy_planned", costs["greedy"]), ("sv_sample_planned", costs["sample"]),
+                             ("sv_sample_planned_online", None)):
+        p = dict(configs.make_params(), _head=head, _costs=costs)
+        planner, _ = configs.sv_callbacks(config, model, None, p, config.startswith("sv_greedy"), False, p["node_budget"])
+        assert planner.costs is expected, config
+        planner.candidates[1].draft.tap.remove()
+
+
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_sampling_runs(smol, method):
     model, tokenizer, head = smol
