@@ -30,10 +30,11 @@ pytest.importorskip("transformers")
 
 import specverify as sv  # noqa: E402
 from specverify import stats as st  # noqa: E402
+from specverify import verify as sv_verify  # noqa: E402
 from specverify.integrations import learned_draft as ld  # noqa: E402
 from specverify.integrations import smollm2  # noqa: E402
 from specverify.integrations.transformers import PromptLookupDraft, Sampling  # noqa: E402
-from specverify.decoding.tree_drafts import path_to  # noqa: E402
+from specverify.decoding.tree_drafts import DraftTree, path_to  # noqa: E402
 
 ALPHA = 1e-6
 V = 4
@@ -146,8 +147,8 @@ def test_head_logits_take_the_fast_kernel_for_few_rows_only(tiny, monkeypatch):
     f = torch.randn(2, ld.FeatureHead.FAST_ROWS // 2 + 1, head.d) * 30  # FAST_ROWS + 2 rows
     expected = torch.nn.functional.linear(head.final_norm(f), head.head)
     calls = []
-    real = ld.ops.linear
-    monkeypatch.setattr(ld.ops, "linear", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real = sv_verify.linear
+    monkeypatch.setattr(sv_verify, "linear", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     with torch.no_grad():
         torch.testing.assert_close(head.logits(f[:, :1]), expected[:, :1], rtol=1e-5, atol=1e-5)
         assert calls == [(2, 1, head.d)]
@@ -368,7 +369,7 @@ class RerankedDrawnTree(ld.LearnedTreeDraft):
                 i = parents[i]
         order = sorted(kept)
         index = {i: j for j, i in enumerate(order)}
-        return ld.DraftTree(tree.tokens[order], torch.tensor([index.get(parents[i], -1) for i in order]),
+        return DraftTree(tree.tokens[order], torch.tensor([index.get(parents[i], -1) for i in order]),
                             torch.cat([tree.probs[:1], tree.probs[[i + 1 for i in order]]]), replacement=tree.replacement)
 
 

@@ -75,10 +75,6 @@ from .speed import GROUPED_SDPA, FastLinears, GroupedAttention, use_fast_linears
 from .target import TREE_ATTENTION, CachedCausalLM, CausalLMTarget, PositionLimitWarning
 from .trees import CausalLMTreeDraft, PromptLookupTreeDraft
 
-# Helpers the learned draft (specverify.integrations.learned_draft) shares with these drafts.
-from .target import _common_prefix  # noqa: F401
-from .trees import _add_children, _check_tree_shape, _expand, _rerank  # noqa: F401
-
 __all__ = [
     "warp",
     "Sampling",
