@@ -586,8 +586,7 @@ def main(argv=None):
         ap.error(f"--configs: unknown {bad}, choose from {CONFIGS}")
     torch.set_num_threads(args.threads)
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
-    params = dict(real_model_configs.make_params(max_new=args.max_new, **SAMPLE,
-                                                 seed=args.seed),
+    params = dict(real_model_configs.make_params(max_new=args.max_new, **SAMPLE, seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
     from specverify.integrations import learned_draft
 
