@@ -143,7 +143,8 @@ import specverify as sv
 # Packages whose page documents the names they export (``__all__``): a submodule's page does not
 # repeat those (its docstring gets a line linking to them instead), so a function added to one of
 # these packages' ``__all__`` appears on the package page with no page edit.
-PACKAGE_PAGES = ("specverify", "specverify.law", "specverify.testing", "specverify.integrations.transformers")
+PACKAGE_PAGES = ("specverify", "specverify.law", "specverify.testing", "specverify.integrations.transformers",
+                 "specverify.integrations.learned_draft")
 _current_module = [None]   # the module autodoc is documenting (its docstring comes before its members)
 
 

@@ -17,6 +17,7 @@ from ..transformers.speed import kernel_linear_applies
 
 __all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "check_weights", "metadata"]
 
+#: The shipped draft's file (:func:`load`'s default; :func:`metadata` reads how it was trained).
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "data" / "smollm2_draft.safetensors"
 
 
