@@ -240,7 +240,7 @@ def test_integration_packages_keep_their_names(name, extra):
     package = importlib.import_module(f"specverify.integrations.{name}")
     for attr in list(package.__all__) + extra:
         obj = getattr(package, attr)
-        if isinstance(obj, (dict, tuple, str)) or type(obj).__name__ == "PosixPath":  # constants have no __module__
+        if not callable(obj):  # a constant (a path, the gates, the combine modes): no module of its own
             continue
         assert obj.__module__.startswith(package.__name__ + "."), (attr, obj.__module__)
 
