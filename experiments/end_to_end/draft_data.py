@@ -143,21 +143,43 @@ def shard_plan(args):
     return plan
 
 
-def make_shards(args, worker: int = 0, workers: int = 1):
-    """Make the missing shards of :func:`shard_plan` whose position is ``worker`` modulo ``workers``
-    (resumable: shards on disk are kept)."""
+def _claim(path: Path) -> bool:
+    """Whether this process makes ``path``'s shard: the first to create its claim file does."""
+    try:
+        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _drop_claims(plan) -> None:
+    """Remove the claim files of ``plan``'s folders (a stopped run's claims are stale)."""
+    for folder in {path.parent for *_, path in plan}:
+        for claim in folder.glob("*.claim"):
+            claim.unlink(missing_ok=True)
+
+
+def make_shards(args, worker: int = 0, workers: int = 1) -> int:
+    """Make the missing shards of :func:`shard_plan`, each by the first worker to claim it, in the
+    plan's order (resumable: shards on disk are kept). Workers take the next unclaimed shard as they
+    finish one, so none finishes long before another (sampled answers, every other shard, run longer
+    than greedy ones: a fixed split by position gave one worker all of them). Every shard is drawn
+    from its own seed, so which worker makes it does not change it. Returns the shards made."""
     import torch
     from tqdm import tqdm
 
     from specverify.integrations import smollm2
 
     torch.set_num_threads(1)  # one process per core: two threads each would oversubscribe them
-    plan = [item for i, item in enumerate(shard_plan(args)) if i % workers == worker]
-    todo = [item for item in plan if not item[3].is_file()]
+    todo = [item for item in shard_plan(args) if not item[3].is_file()]
     if not todo:
-        return
+        return 0
     model, tokenizer = smollm2.load(log=lambda *a: None)
-    for kind, c, s, path in tqdm(todo, desc=f"data (worker {worker + 1}/{workers})", unit="shard", position=worker):
+    made = 0
+    bar = tqdm(total=len(todo), desc=f"data (worker {worker + 1}/{workers})", unit="shard", position=worker)
+    for kind, c, s, path in todo:
+        if path.is_file() or not _claim(path):
+            continue
         folder = path.parent
         items = _chunk_inputs(kind, c, folder, args.seed, args.max_files)
         if kind == "answers":
@@ -168,6 +190,10 @@ def make_shards(args, worker: int = 0, workers: int = 1):
             chunk = items[s * args.doc_batch : (s + 1) * args.doc_batch]
             rows = document_shard(model, tokenizer, chunk, args.doc_len)
         _save(rows, path)
+        made += 1
+        bar.update(1)
+    bar.close()
+    return made
 
 
 def collect_data(args):
@@ -178,15 +204,19 @@ def collect_data(args):
     for kind, c in sorted({(k, c) for k, c, _, p in plan if not p.is_file()}):
         _chunk_inputs(kind, c, args.answers_dir if kind == "answers" else args.documents_dir, args.seed, args.max_files)
     workers = min(args.data_workers, max(1, sum(not p.is_file() for *_, p in plan)))
-    if workers == 1:
-        make_shards(args)
-    else:
-        import concurrent.futures
-        import multiprocessing
+    _drop_claims(plan)
+    try:
+        if workers == 1:
+            make_shards(args)
+        else:
+            import concurrent.futures
+            import multiprocessing
 
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for future in [pool.submit(make_shards, args, w, workers) for w in range(workers)]:
-                future.result()
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for future in [pool.submit(make_shards, args, w, workers) for w in range(workers)]:
+                    future.result()
+    finally:
+        _drop_claims(plan)
     return [path for *_, path in plan]
 
 

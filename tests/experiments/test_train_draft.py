@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from experiments.end_to_end import draft_prompts, draft_training, prompt_sets, train_draft
+from experiments.end_to_end import draft_data, draft_prompts, draft_training, prompt_sets, train_draft
 
 HELD_OUT = {**prompt_sets.PROMPTS, **prompt_sets.HELDOUT_PROMPTS, **prompt_sets.HELDOUT_PROMPTS_2,
             **prompt_sets.LONG_PROMPTS}
@@ -224,3 +224,43 @@ def test_the_defaults_are_the_shipped_drafts_parameters():
     assert args.precision == shipped_precision or train_draft._auto_precision() != shipped_precision
     for key, value in params.items():
         assert getattr(args, key) == value, key
+
+
+def _data_args(tmp_path, prompts=8, gen_batch=2):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(prompts=prompts, gen_batch=gen_batch, documents=0, doc_batch=2, answers_dir=tmp_path / "a",
+                           documents_dir=tmp_path / "d", seed=0, max_files=10, max_new=4, doc_len=8, data_workers=1)
+
+
+def _fake_data(monkeypatch, made):
+    torch = pytest.importorskip("torch")
+    from specverify.integrations import smollm2
+
+    monkeypatch.setattr(smollm2, "load", lambda log=None: (None, None))
+    monkeypatch.setattr(draft_data, "_chunk_inputs", lambda kind, c, folder, seed, max_files: [f"p{i}" for i in range(640)])
+
+    def generate(model, tokenizer, prompts, max_new, sample, seed):
+        made.append(seed)
+        return [(torch.tensor([seed], dtype=torch.int32), torch.zeros(0, 4))]
+
+    monkeypatch.setattr(draft_data, "generate_shard", generate)
+
+
+def test_workers_take_the_next_unclaimed_shard(tmp_path, monkeypatch):
+    """A shard another worker has claimed is left to it; every other missing one is made once, from
+    its own seed; a finished run makes nothing; a stopped run's stale claims are dropped."""
+    made = []
+    _fake_data(monkeypatch, made)
+    args = _data_args(tmp_path)
+    plan = draft_data.shard_plan(args)
+    assert len(plan) == 4
+    plan[0][3].parent.mkdir(parents=True)
+    assert draft_data._claim(plan[1][3]) and not draft_data._claim(plan[1][3])  # held by "another worker"
+    assert draft_data.make_shards(args) == 3 and not plan[1][3].is_file()
+    assert sorted(made) == [args.seed + s for s in (0, 2, 3)]  # chunk 0's shards 0, 2, 3: each its own seed
+    assert draft_data.make_shards(args) == 0  # the claimed one is still someone else's
+    paths = draft_data.collect_data(args)  # a new run: the stale claim is dropped and the shard made
+    assert all(p.is_file() for p in paths) and sorted(made) == [0, 1, 2, 3]
+    assert not list(plan[0][3].parent.glob("*.claim"))
+    assert draft_data.make_shards(args) == 0
