@@ -176,7 +176,9 @@ def make_shards(args, worker: int = 0, workers: int = 1) -> int:
         return 0
     model, tokenizer = smollm2.load(log=lambda *a: None)
     made = 0
-    bar = tqdm(total=len(todo), desc=f"data (worker {worker + 1}/{workers})", unit="shard", position=worker)
+    # no total: each worker makes about 1/workers of the missing shards, which it cannot know ahead
+    bar = tqdm(desc=f"data (worker {worker + 1}/{workers}; {len(todo)} shards missing in all)", unit="shard",
+               position=worker)
     for kind, c, s, path in todo:
         if path.is_file() or not _claim(path):
             continue

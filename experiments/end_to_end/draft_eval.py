@@ -244,9 +244,15 @@ GATE_BINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)  # an edge at the def
 
 #: The warp of the sampling rows (the acceptance measurement's and the timed configs').
 SAMPLE = dict(temperature=0.7, top_k=0, top_p=0.9)
-#: ``python -m specverify.integrations.calibrate`` with these arguments writes each mode's costs.
-CALIBRATE_ARGS = {"greedy": "--learned --fast-linears",
-                  "sample": "--learned --fast-linears --sample --temperature 0.7 --top-p 0.9"}
+
+
+def calibrate_args(mode: str, threads: int) -> str:
+    """The arguments with which ``python -m specverify.integrations.calibrate`` writes the costs
+    :func:`planner_cost_files` reads for ``mode`` ("greedy" or "sample", the warp :data:`SAMPLE`)."""
+    args = f"--learned --fast-linears --threads {threads}"
+    if mode == "sample":
+        args += " --sample " + " ".join(f"--{name.replace('_', '-')} {value}" for name, value in SAMPLE.items())
+    return args
 
 
 def planner_cost_files(threads: int):
@@ -268,7 +274,7 @@ def planner_cost_files(threads: int):
             costs[mode], sources[mode] = costs["greedy"], sources["greedy"] + " (no sampling calibration)"
             continue
         costs[mode] = found
-        sources[mode] = f"{path} (`python -m specverify.integrations.calibrate {CALIBRATE_ARGS[mode]}`)" \
+        sources[mode] = f"{path} (`python -m specverify.integrations.calibrate {calibrate_args(mode, threads)}`)" \
             if found is not None else "learned online"
     return costs, sources
 

@@ -115,7 +115,7 @@ def _load_model(name: str):
     return AutoModelForCausalLM.from_pretrained(name, local_files_only=True, torch_dtype=torch.float32).eval()
 
 
-def main(argv=None) -> MeasuredCosts:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specverify.integrations.calibrate",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2", help="'smollm2' or a transformers model name or path")
@@ -132,6 +132,11 @@ def main(argv=None) -> MeasuredCosts:
     parser.add_argument("--top-p", type=float, default=1.0, help="with --sample: the warp's top-p (1: off)")
     parser.add_argument("--min-p", type=float, default=0.0, help="with --sample: the warp's min-p (0: off)")
     parser.add_argument("--out", default=None, help="cost file to write (default: the user cache)")
+    return parser
+
+
+def main(argv=None) -> MeasuredCosts:
+    parser = _parser()
     args = parser.parse_args(argv)
     threads = _positive(args.threads, "--threads")
     warp = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}

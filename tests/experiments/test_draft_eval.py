@@ -136,5 +136,19 @@ def test_each_mode_takes_its_own_calibration(tmp_path, monkeypatch):
     sample = law.MeasuredCosts((1.0, 1.2), {"learned": (0.1,)}, {"sampling": dict(draft_eval.SAMPLE, min_p=0.0)})
     law.save_costs(sample, sample_path)
     costs, sources = draft_eval.planner_cost_files(1)
-    assert costs == {"greedy": greedy, "sample": sample} and "--sample --temperature 0.7 --top-p 0.9" in sources["sample"]
+    assert costs == {"greedy": greedy, "sample": sample} and draft_eval.calibrate_args("sample", 1) in sources["sample"]
     assert "greedy: " in draft_eval._costs_text(sources) and draft_eval._costs_text("learned online") == "learned online"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_calibrate_command_the_table_names_writes_the_costs_it_reads(threads):
+    """The command printed beside each mode's costs, parsed by calibrate's own parser, times that
+    mode with :data:`SAMPLE`'s warp at the table's threads (what planner_cost_files accepts)."""
+    from specverify.integrations import calibrate
+
+    for mode in ("greedy", "sample"):
+        args = calibrate._parser().parse_args(draft_eval.calibrate_args(mode, threads).split())
+        assert (args.sample, args.threads, args.learned, args.fast_linears) == (mode == "sample", threads, True, True)
+        if mode == "sample":
+            warp = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
+            assert warp == draft_eval.SAMPLE | {"min_p": 0.0}
