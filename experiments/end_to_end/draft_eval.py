@@ -594,8 +594,6 @@ def main(argv=None):
     prompts = {f"{s}/{n}": text for s in sets for n, text in (PROMPT_SETS[s] or tuning_prompts()).items()}
     params = dict(real_model_configs.make_params(max_new=args.max_new, **SAMPLE, seed=args.seed),
                   k_learned=args.k, min_confidence=_gates(args.min_confidence))
-    from specverify.integrations import learned_draft
-
     weights = args.weights if args.weights is not None else learned_draft.DEFAULT_WEIGHTS
     if not weights.is_file():
         ap.error(f"--weights: no file {weights}")
@@ -632,8 +630,6 @@ def main(argv=None):
     model, tokenizer, draft_model, ids = real_model_timing._load(params, prompts, print)
     head = learned_draft.load(model, weights)
     params["_head"] = head
-    from specverify import law
-
     params["_costs"], planner_costs = planner_cost_files(args.threads)
     print(f"planner costs: {planner_costs}")
     out_dir.mkdir(parents=True, exist_ok=True)
