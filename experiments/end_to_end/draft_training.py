@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import time
 from pathlib import Path
 
 #: What the chat template puts before an assistant turn: the answer starts after its last occurrence.
@@ -173,7 +174,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
     FloatingPointError before the step is taken (the last checkpoint stays as it was).
     ``precision="bfloat16"``: the forward's matrix products in bfloat16 (CPU autocast; weights,
     optimizer, softmaxes and losses stay float32), ~1.5x faster a step on a CPU with native
-    bfloat16 (AVX512-BF16, AMX), slower without it. Returns the loss log."""
+    bfloat16 (AVX512-BF16, AMX), slower without it. Returns the loss log: per step ``step``, ``seconds`` (the training's wall
+    time so far, summed over resumed runs), ``loss`` and the stats of :func:`draft_losses`."""
     import torch
     from tqdm import tqdm
 
@@ -202,6 +204,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
         history, step = state["history"], state["step"]
         log(f"resumed after step {step}")
     gen = torch.Generator().manual_seed(seed + step)
+    # the training's wall time so far, over every process that resumed it (what the metadata says it cost)
+    clock, trained = time.time(), history[-1].get("seconds", 0.0) if history else 0.0
     for epoch in range(step // steps_per_epoch, epochs):
         if max_steps and step >= max_steps:
             break
@@ -229,7 +233,8 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             bar.set_postfix(loss=f"{loss_value:.3f}", top1=f"{stats['top1']:.2f}")
-            history.append({"step": step, "loss": loss_value, **stats})
+            history.append({"step": step, "seconds": round(trained + time.time() - clock, 1), "loss": loss_value,
+                            **stats})
             if max_steps and step >= max_steps:
                 break
             if step % checkpoint_every == 0:

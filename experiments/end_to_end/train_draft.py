@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from .. import paths
@@ -49,7 +48,7 @@ TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, docume
 def parse_args(argv=None):
     positive, count = number(int, 1), number(int, 0)
     parser = argparse.ArgumentParser(prog="python -m experiments.end_to_end.train_draft", description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=count, default=6400, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
+    parser.add_argument("--prompts", type=count, default=12800, help=f"prompts the target answers (chunks of {GEN_CHUNK})")
     parser.add_argument("--gen-batch", type=positive, default=32, help="prompts per generate call")
     parser.add_argument("--max-new", type=positive, default=128, help="answer tokens per prompt at most")
     parser.add_argument("--documents", type=count, default=0,
@@ -119,7 +118,6 @@ def main(argv=None):
     from specverify.integrations import learned_draft, smollm2
 
     args = parse_args(argv)
-    started = time.time()
     shard_params = {k: getattr(args, k) for k in ("seed", "max_files")}
     args.answers_dir = paths.result_dir(EXPERIMENT, {"answers": {**shard_params, "gen_batch": args.gen_batch,
                                                                    "max_new": args.max_new, "prompts_version": PROMPTS_VERSION}},
@@ -176,11 +174,11 @@ def main(argv=None):
         heldout = heldout_metrics(model, tokenizer, head)
         print(f"held-out teacher-forced top-1 at steps 1-4: {heldout['top1']} (random token: {heldout['random_top1']})")
     last = history[-max(1, len(history) // 10):]
-    final_keys = [k for k in history[-1] if k not in ("step", "tokens")]
+    final_keys = [k for k in history[-1] if k not in ("step", "seconds", "tokens")]
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
             "steps": history[-1]["step"],
             "tokens_by_kind": tokens_by_kind,
-            "vocab_coverage_answers": round(coverage, 4), "minutes": round((time.time() - started) / 60, 1),
+            "vocab_coverage_answers": round(coverage, 4), "minutes": round(history[-1].get("seconds", 0.0) / 60, 1) if history else 0.0,
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
             "heldout": heldout,

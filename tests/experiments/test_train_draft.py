@@ -120,6 +120,21 @@ def test_a_finished_run_resumed_trains_nothing_more(tmp_path):
     assert [h["step"] for h in again] == [1, 2, 3, 4]
 
 
+def test_a_resumed_run_counts_the_training_time_of_every_part(tmp_path, monkeypatch):
+    """The history's ``seconds`` (the metadata's ``minutes``) adds the stopped part's time to the
+    resumed one's (it once counted the last process only: a run resumed halfway said half)."""
+    head, rows = _tiny_head()
+    clock = iter(range(0, 10_000, 10))  # each time.time() call is 10 s after the one before
+    monkeypatch.setattr(draft_training.time, "time", lambda: float(next(clock)))
+    args = dict(epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0, ckpt_dir=tmp_path, log=lambda *a: None,
+                checkpoint_every=1)
+    first = draft_training.train(head, rows, max_steps=2, **args)
+    resumed = draft_training.train(head, rows, max_steps=4, **args)
+    seconds = [h["seconds"] for h in resumed]
+    assert [h["step"] for h in resumed] == [1, 2, 3, 4] and seconds[:2] == [h["seconds"] for h in first]
+    assert all(b > a for a, b in zip(seconds, seconds[1:])) and seconds[2] > seconds[1] + 5
+
+
 def test_a_non_finite_loss_stops_the_run_before_the_step(tmp_path):
     torch = pytest.importorskip("torch")
     head, rows = _tiny_head()
