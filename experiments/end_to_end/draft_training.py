@@ -174,8 +174,9 @@ def train(head, rows, epochs: int, batch: int, max_len: int, lr: float, noise: f
     FloatingPointError before the step is taken (the last checkpoint stays as it was).
     ``precision="bfloat16"``: the forward's matrix products in bfloat16 (CPU autocast; weights,
     optimizer, softmaxes and losses stay float32), ~1.5x faster a step on a CPU with native
-    bfloat16 (AVX512-BF16, AMX), slower without it. Returns the loss log: per step ``step``, ``seconds`` (the training's wall
-    time so far, summed over resumed runs), ``loss`` and the stats of :func:`draft_losses`."""
+    bfloat16 (AVX512-BF16, AMX), slower without it. Returns the loss log: per step ``step``,
+    ``seconds`` (the training's wall time so far, summed over resumed runs), ``loss`` and the
+    stats of :func:`draft_losses`."""
     import torch
     from tqdm import tqdm
 

@@ -178,7 +178,8 @@ def main(argv=None):
     meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
             "steps": history[-1]["step"],
             "tokens_by_kind": tokens_by_kind,
-            "vocab_coverage_answers": round(coverage, 4), "minutes": round(history[-1].get("seconds", 0.0) / 60, 1) if history else 0.0,
+            "vocab_coverage_answers": round(coverage, 4),
+            "minutes": round(history[-1].get("seconds", 0.0) / 60, 1) if history else 0.0,  # of training, all parts
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
             "heldout": heldout,

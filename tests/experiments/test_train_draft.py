@@ -6,6 +6,7 @@ training prompts must not copy them, neither an instruction (no four consecutive
 template occur in a held-out prompt) nor a subject of the everyday requests.
 """
 
+import itertools
 import random
 import re
 
@@ -124,7 +125,7 @@ def test_a_resumed_run_counts_the_training_time_of_every_part(tmp_path, monkeypa
     """The history's ``seconds`` (the metadata's ``minutes``) adds the stopped part's time to the
     resumed one's (it once counted the last process only: a run resumed halfway said half)."""
     head, rows = _tiny_head()
-    clock = iter(range(0, 10_000, 10))  # each time.time() call is 10 s after the one before
+    clock = itertools.count(0, 10)  # each time.time() call is 10 s after the one before
     monkeypatch.setattr(draft_training.time, "time", lambda: float(next(clock)))
     args = dict(epochs=2, batch=2, max_len=16, lr=1e-3, noise=0.0, seed=0, ckpt_dir=tmp_path, log=lambda *a: None,
                 checkpoint_every=1)
