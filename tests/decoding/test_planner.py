@@ -255,6 +255,37 @@ def test_gated_chain_that_stops_at_once_falls_back_to_the_lookup():
     assert planner.history["chain"].proposal_rates()[0] < 0.95  # it learned that its gate stopped it
 
 
+def test_gated_chain_is_priced_by_the_rows_its_gate_lets_it_compute():
+    """A gated chain whose gate stops before its first token in 80 % of calls (one row computed)
+    and proposes one accepted token otherwise (two rows): valued before its first forward at
+    ``E[tokens] / (E[D(rows)] + E[T(M + 1)])`` from its history, it beats proposing nothing and is
+    run. Charged the rows of a full proposal on every call (the old pricing) it would not be: the
+    draft would never be called again, its history never corrected."""
+    costs = law.MeasuredCosts((1.0, 1.1, 1.2, 1.3, 1.4), {"chain": (0.1, 0.2, 0.3, 0.4)})
+    calls = []
+    chain = confident_chain(0.9)
+    planner = Planner([Candidate("chain", lambda prefix, k, gate=None: calls.append(k) or chain(prefix, k, gate))],
+                      costs, k_max=4, explore_every=0)
+    for r in range(50):
+        m = int(r % 5 == 0)  # 1 token proposed (and accepted) in one call of five, none in the others
+        planner.history["chain"].observe(RoundRecord(4, m, m, math.nan, math.nan))
+    survival, proposed = planner.history["chain"].survival(None)
+    reach = [1.0, *proposed]  # P(M >= m), m = 0..4
+    rows = sum((reach[m] - reach[m + 1]) * costs.draft_cost("chain", m + 1) for m in range(4))
+    rows += reach[4] * costs.draft_cost("chain", 4)
+    passes = 1.0 + sum(p * (costs(i + 1) - costs(i)) for i, p in enumerate(proposed, 1))
+    choice = planner._history_choice(planner.candidates[0], 4, 0.0)
+    assert (choice.k, choice.tokens, choice.cost) == (4, pytest.approx(1.0 + sum(survival)),
+                                                      pytest.approx(rows + passes))
+    assert choice.rate > 1.0  # better than a plain step ...
+    full = max((1.0 + sum(survival[:k])) / (costs.draft_cost("chain", min(k + 1, 4)) + 1.0
+                                            + sum(p * (costs(i + 1) - costs(i)) for i, p in enumerate(proposed[:k], 1)))
+               for k in range(1, 5))
+    assert full < 1.0  # ... which a full proposal's rows on every call would not be
+    planner(torch.tensor([1, 2]), 4)
+    assert calls == [4]  # run, asked its longest length: its gate ends it
+
+
 def test_reliability_curve_corrects_an_overconfident_draft():
     r = Reliability(bins=4, prior_strength=2.0, decay=1.0)
     assert r(0.9) == pytest.approx(r.mid[-1])  # believed at first
