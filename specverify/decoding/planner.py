@@ -29,7 +29,8 @@ candidates on that one scale and proposes the best, each round:
   with the identity as prior: an over-confident draft is corrected as rounds are seen); later
   positions are predicted as ``c_i top^{l - i}``. Whether to run it at all is decided before
   its first forward, from its history (an :class:`~specverify.decoding.adaptive.AdaptiveK` of its own:
-  the tokens it gave, and the rows and pass lengths its gate let it cost, per call);
+  the tokens it gave, and the rows and pass lengths its gate let it cost, per call, a call
+  stopped at once being worth the fallback's proposal);
   if its gate then stops before the first token, the round falls back to the best
   deterministic proposal or to nothing;
 - any other candidate (a stochastic chain without ``gate``, a drawn tree) is valued from its
@@ -355,15 +356,16 @@ class Planner:
                 best = option
         return best
 
-    def _history_choice(self, candidate: Candidate, limit: int, base: float) -> _Choice:
+    def _history_choice(self, candidate: Candidate, limit: int, base: float, fallback: _Choice) -> _Choice:
         """The best length of a candidate valued from its history (``proposed``: how often its calls
         reach each position), its draft cost included. A gated chain is valued as it runs: asked
-        its longest length, its gate ends it where its rows say (:meth:`_gated_choice`)."""
+        its longest length, its gate ends it where its rows say, or falls back to ``fallback``
+        (:meth:`_gated_choice`)."""
         h = self.history[candidate.name]
         survival, proposed = h.survival(None)
         hi = min(limit, h.k_max)
         if candidate.gated:
-            return self._gated_choice(candidate, survival[:hi], proposed[:hi], base)
+            return self._gated_choice(candidate, survival[:hi], proposed[:hi], base, fallback)
         if h.tree_draft:  # a tree of depth K scores its nodes: T(1 + E[N | K])
             passes = h.tree_pass_costs(lambda counts: np.array([self.target_cost(int(n)) for n in counts]))
         best, tokens, time_ = _Choice(candidate, 0, 0.0, 1.0), 1.0, 1.0
@@ -379,24 +381,29 @@ class Planner:
         return best
 
     def _gated_choice(self, candidate: Candidate, survival: Sequence[float], proposed: Sequence[float],
-                      base: float) -> _Choice:
+                      base: float, fallback: _Choice) -> _Choice:
         """A gated chain asked ``L = len(survival)`` tokens, valued from its history before its
         first forward: ``survival[i - 1] = P(N >= i)``, ``proposed[i - 1] = P(M >= i)`` with ``M``
-        the tokens its gate lets through (``M = 0``: the round falls back, one row computed).
+        the tokens its gate lets through (``M = 0``: one row computed, and the round proposes
+        ``fallback``, the best deterministic proposal or nothing, instead of a plain step).
 
         A call that proposes ``M < L`` tokens computes ``M + 1`` rows (its gate reads the row past
         the last token) and ``L`` rows at ``M = L``, so its draft cost is expected over ``M``'s law,
         ``E[D] = sum_{m<L} P(M = m) D(m + 1) + P(M = L) D(L)``, with the pass's
         ``E[T(M + 1)] = 1 + sum_i P(M >= i) (T(i + 1) - T(i))``. Charged the rows of a full
-        proposal on every call instead, a chain whose gate often stops early (on text far from
-        its training data) was priced out and, with no call to correct its history, never chosen
-        again."""
-        reach = [1.0, *proposed]  # [L + 1] P(M >= m), m = 0..L
+        proposal on every call instead, with its stopped calls counted as plain steps, a chain
+        whose gate often stops early (on text far from its training data) was priced out and,
+        with no call to correct its history, never chosen again."""
         L = len(proposed)
+        if L == 0:
+            return _Choice(candidate, 0, 0.0, 1.0)  # asked nothing: never chosen
+        reach = [1.0, *proposed]  # [L + 1] P(M >= m), m = 0..L
         rows = sum((reach[m] - reach[m + 1]) * self.draft_cost(candidate, m + 1) for m in range(L))
         rows += reach[L] * self.draft_cost(candidate, L)
         passes = 1.0 + sum(p * (self.target_cost(i + 1) - self.target_cost(i)) for i, p in enumerate(proposed, 1))
-        return _Choice(candidate, L, 1.0 + sum(survival), base + rows + passes)
+        stop = 1.0 - reach[1]  # P(M = 0): the fallback's tokens and pass in place of a plain step's
+        tokens = 1.0 + sum(survival) + stop * (fallback.tokens - 1.0)
+        return _Choice(candidate, L, tokens, base + rows + passes + stop * (fallback.cost - base - 1.0))
 
     # -- a round ----------------------------------------------------------------------------------
     def __call__(self, prefix: torch.Tensor, k: int):
@@ -417,7 +424,8 @@ class Planner:
             options.append((c, context, drafted))
         nothing = _Choice(None, 0, 1.0, base + 1.0)
         fixed = [self._deterministic_choice(c, context, drafted, base) for c, context, drafted in options]
-        planned = [self._history_choice(c, k, base) for c in self.candidates if not c.deterministic]
+        fallback = max([nothing, *fixed], key=lambda ch: ch.rate)  # what a gate stopping at once proposes
+        planned = [self._history_choice(c, k, base, fallback) for c in self.candidates if not c.deterministic]
         best = max([nothing, *fixed, *planned], key=lambda ch: ch.rate)  # the first on ties
         for name in self._idle:
             self._idle[name] += 1

@@ -258,8 +258,8 @@ def test_gated_chain_that_stops_at_once_falls_back_to_the_lookup():
 def test_gated_chain_is_priced_by_the_rows_its_gate_lets_it_compute():
     """A gated chain whose gate stops before its first token in 80 % of calls (one row computed)
     and proposes one accepted token otherwise (two rows): valued before its first forward at
-    ``E[tokens] / (E[D(rows)] + E[T(M + 1)])`` from its history, it beats proposing nothing and is
-    run. Charged the rows of a full proposal on every call (the old pricing) it would not be: the
+    ``E[tokens] / (E[D(rows)] + E[T(M + 1)])`` from its history (a stopped call's round proposing
+    the fallback instead), it beats proposing nothing and is run. Charged the rows of a full proposal on every call (the old pricing) it would not be: the
     draft would never be called again, its history never corrected."""
     costs = law.MeasuredCosts((1.0, 1.1, 1.2, 1.3, 1.4), {"chain": (0.1, 0.2, 0.3, 0.4)})
     calls = []
@@ -274,10 +274,17 @@ def test_gated_chain_is_priced_by_the_rows_its_gate_lets_it_compute():
     rows = sum((reach[m] - reach[m + 1]) * costs.draft_cost("chain", m + 1) for m in range(4))
     rows += reach[4] * costs.draft_cost("chain", 4)
     passes = 1.0 + sum(p * (costs(i + 1) - costs(i)) for i, p in enumerate(proposed, 1))
-    choice = planner._history_choice(planner.candidates[0], 4, 0.0)
+    nothing = _Choice(None, 0, 1.0, 1.0)
+    choice = planner._history_choice(planner.candidates[0], 4, 0.0, nothing)
     assert (choice.k, choice.tokens, choice.cost) == (4, pytest.approx(1.0 + sum(survival)),
                                                       pytest.approx(rows + passes))
     assert choice.rate > 1.0  # better than a plain step ...
+    # a call its gate stops at once proposes the fallback (here a 2-token copy expected to give
+    # 1.8 tokens for a 1.2 pass): its tokens and pass replace a plain step's in P(M = 0) of the calls
+    copy = _Choice(None, 2, 1.8, 1.2)
+    with_copy = planner._history_choice(planner.candidates[0], 4, 0.0, copy)
+    assert (with_copy.tokens, with_copy.cost) == (pytest.approx(choice.tokens + (1.0 - proposed[0]) * 0.8),
+                                                  pytest.approx(choice.cost + (1.0 - proposed[0]) * 0.2))
     full = max((1.0 + sum(survival[:k])) / (costs.draft_cost("chain", min(k + 1, 4)) + 1.0
                                             + sum(p * (costs(i + 1) - costs(i)) for i, p in enumerate(proposed[:k], 1)))
                for k in range(1, 5))
