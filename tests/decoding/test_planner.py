@@ -259,8 +259,9 @@ def test_gated_chain_is_priced_by_the_rows_its_gate_lets_it_compute():
     """A gated chain whose gate stops before its first token in 80 % of calls (one row computed)
     and proposes one accepted token otherwise (two rows): valued before its first forward at
     ``E[tokens] / (E[D(rows)] + E[T(M + 1)])`` from its history (a stopped call's round proposing
-    the fallback instead), it beats proposing nothing and is run. Charged the rows of a full proposal on every call (the old pricing) it would not be: the
-    draft would never be called again, its history never corrected."""
+    the fallback instead), it beats proposing nothing and is run. Charged the rows of a full
+    proposal on every call (the old pricing) it would not be: the draft would never be called
+    again, its history never corrected."""
     costs = law.MeasuredCosts((1.0, 1.1, 1.2, 1.3, 1.4), {"chain": (0.1, 0.2, 0.3, 0.4)})
     calls = []
     chain = confident_chain(0.9)
