@@ -68,7 +68,7 @@ def tuning_prompts(n: int = 10, seed: int = 0):
     return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
-def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: int = 3, seed: int = 0):
+def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: int = 3, seed: int = 0, answers=None):
     """The draft's teacher-forced top-1 on the target's own greedy answers to ``prompts`` (a list
     of strings), at answer positions only, and the token ablation that shows whether it reads its
     token.
@@ -76,24 +76,28 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     The target answers (:func:`~experiments.end_to_end.draft_data.generate_shard`, its hidden
     states kept); then, as in training (:func:`~experiments.end_to_end.draft_training.draft_losses`),
     ``top1[s]`` is the share of answer positions where draft step ``s + 1`` (fed its own features
-    from the steps before, the true tokens) has the target's argmax as its own. The ablation
+    from the steps before, the true tokens) has the target's argmax (over the whole vocabulary:
+    outside the draft's rows is a miss) as its own. The ablation
     feeds each first-step pair ``(h_t, x_{t+1})`` once more with ``x_{t+1}`` replaced by a token
     drawn uniformly from the draft's vocabulary (``seed``), the pair alone (the true pairs before
     it as context): ``random_top1``. Returns a dict with ``top1 [steps]``, ``random_top1``,
     ``positions``, ``vocab_coverage`` (the share of the answers' tokens the draft can propose) and ``only_true`` / ``only_random`` (positions right with one token and not the
-    other: a token the draft ignores makes them equally likely).
+    other: a token the draft ignores makes them equally likely). ``answers``: the target's answers
+    to ``prompts`` made before (:func:`~experiments.end_to_end.draft_data.generate_shard`), to
+    judge several drafts on the same ones.
     """
     import torch
 
     from . import draft_training
     from .draft_data import generate_shard
 
-    rows = generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
+    rows = answers if answers is not None else generate_shard(model, tokenizer, prompts, max_new, sample=False, seed=seed)
     header = tokenizer(draft_training.ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
     seqs = [(t, h, draft_training.answer_start(t, header)) for t, h in rows]
     tokens, hidden, learn = draft_training._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
     with torch.no_grad():
-        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps)
+        full_head = model.get_output_embeddings().weight.detach()  # [V, d]
+        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps, full_head=full_head)
         n0 = hidden.shape[1] - 1
         feats = hidden[:, :-1]
         _, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
@@ -103,9 +107,11 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
         mask[:, :n0] = torch.ones(n0, n0, dtype=torch.bool).tril(-1)
         mask[torch.arange(n0), n0 + torch.arange(n0)] = True
         _, z_random, _ = head(feats, swapped, torch.arange(n0), past=past, mask=mask)
-        best = torch.nn.functional.linear(head.final_norm(hidden[:, 1:]), head.head).argmax(-1)  # [B, n0]
+        best = torch.stack([torch.nn.functional.linear(head.final_norm(h), full_head).argmax(-1)
+                            for h in hidden[:, 1:]])  # [B, n0], a sequence at a time ([n0, V] floats)
     weight = learn[:, 1:]
-    right, right_random = (z.argmax(-1) == best) & weight, (z_random.argmax(-1) == best) & weight
+    ids = head.vocab_ids
+    right, right_random = (ids[z.argmax(-1)] == best) & weight, (ids[z_random.argmax(-1)] == best) & weight
     n = int(weight.sum())
     answers = torch.cat([t[start:] for t, _, start in seqs]).long()
     inside = float(torch.isin(answers, head.vocab_ids).float().mean())  # the ceiling on any draft position's top-1
@@ -310,10 +316,13 @@ def write_table(summary, speed, meta, out_path, command):
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
              f"Draft: {info.get('tokens', '?')} training tokens{_by_kind(info)}, reduced vocabulary "
-             f"{info.get('params', {}).get('vocab', '?')} (covers "
+             f"{info.get('params', {}).get('vocab', '?')}"
+             + (f", proposing from {info['params']['rows']} rows" if "rows" in info.get("params", {}) else "")
+             + " (trained rows cover "
              + (f"{info['vocab_coverage_answers']} of the training answers' tokens" if "vocab_coverage_answers" in info
                 else f"{info.get('vocab_coverage', '?')} of the training tokens")
-             + (f" and {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers to these prompts"
+             + (f"; the rows proposed from, {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers "
+                "to these prompts"
                 if "vocab_coverage" in summary.get("greedy", {}) else "")
              + f"); trained {info['steps']} steps of {info['params']['batch']} sequences ({info['params']['epochs']} "
              "epochs) by `python -m experiments.end_to_end.train_draft`.", "",

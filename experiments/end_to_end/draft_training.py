@@ -100,7 +100,8 @@ def _pad(seqs, max_len: int):
     return tokens, hidden, learn
 
 
-def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, decay: float = 0.8, generator=None):
+def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, decay: float = 0.8, generator=None,
+                 full_head=None):
     """EAGLE losses of one batch over ``steps`` unrolled draft steps (training-time test).
 
     ``tokens [B, T + 1]``, ``hidden [B, T, d]`` (``h_t``), ``learn [B, T]`` (:func:`_pad`). Step 0
@@ -112,7 +113,11 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     and its distribution over the reduced vocabulary towards the target's at ``j + s + 1``
     (cross-entropy on soft labels) wherever ``learn`` marks that position; step ``s`` weighs
     ``decay ** s``. Returns ``(loss, stats)`` (``top1_s``: the draft's argmax equals the
-    target's, step ``s``; ``overlap1``: ``sum min(p, q)`` at step 0, the acceptance rate).
+    target's over the reduced vocabulary, step ``s``; ``overlap1``: ``sum min(p, q)`` at step 0,
+    the acceptance rate there). ``full_head`` ``[V, d]`` (the target's whole LM head; evaluation):
+    ``top1_s`` against the target's argmax over all ``V`` tokens instead, what greedy acceptance
+    asks (a position whose argmax lies outside the rows counts as missed, not as matched against
+    the best of the rows).
     """
     import torch
     import torch.nn.functional as F
@@ -132,6 +137,8 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     with torch.no_grad():
         targets = head.final_norm(hidden[:, 1:][labelled])  # [N, d]: position t+1's normalized feature
         labels = torch.softmax(F.linear(targets, head.head), dim=-1)  # [N, V_r]: the target's distribution there
+        if full_head is not None:  # [N]: the target's argmax over all V (in chunks: N x V floats is large)
+            truth = torch.cat([F.linear(c, full_head).argmax(-1) for c in targets.split(1024)])
     n0 = T - 1  # rows of step 0 (true pairs 0 .. T-2)
     loss, stats, past, f = 0.0, {}, None, None
     for s in range(steps):
@@ -158,7 +165,9 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
         loss = loss + decay**s * (ce + 10 * reg).sum() / count
         with torch.no_grad():
             stats[f"ce{s + 1}"] = float(ce.sum() / count)
-            stats[f"top{s + 1}"] = float((z.argmax(-1) == labels[at].argmax(-1)).float().sum() / count)
+            right = (head.vocab_ids[z.argmax(-1)] == truth[at]) if full_head is not None else (
+                z.argmax(-1) == labels[at].argmax(-1))
+            stats[f"top{s + 1}"] = float(right.float().sum() / count)
             if s == 0:
                 stats["overlap1"] = float(torch.minimum(torch.softmax(z, -1), labels[at]).sum(-1).sum() / count)
                 stats["tokens"] = int(at.numel())

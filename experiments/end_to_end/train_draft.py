@@ -57,7 +57,8 @@ def parse_args(argv=None):
     parser.add_argument("--doc-len", type=positive, default=384, help="tokens per document chat at most")
     parser.add_argument("--data-workers", type=positive, default=2, help="processes making data shards (one thread each)")
     parser.add_argument("--data-only", action="store_true", help="make the data shards and stop")
-    parser.add_argument("--vocab", type=positive, default=12288, help="rows of the draft's reduced LM head")
+    parser.add_argument("--vocab", type=positive, default=12288,
+                        help="rows of the draft's reduced LM head (more do not pay: experiments.end_to_end.draft_rows)")
     parser.add_argument("--epochs", type=positive, default=3, help="passes over the data")
     parser.add_argument("--ttt-steps", type=number(int, 1, 8), default=3,
                         help="draft steps unrolled in training (each later step weighs 0.8 times the one before)")

@@ -158,6 +158,32 @@ def test_losses_are_taken_on_answer_positions_only():
     assert draft_training.answer_start(torch.tensor([5, 9]), [1, 2]) == 0
 
 
+def test_top1_over_the_whole_vocabulary_misses_an_argmax_outside_the_rows():
+    """Evaluation's top-1 (``full_head``) is what greedy acceptance asks: the draft's token is the
+    target's argmax over all tokens. Over the rows alone (training's), a position whose argmax
+    lies outside them is judged against the best of the rows, and can count as right."""
+    torch = pytest.importorskip("torch")
+    head, rows = _tiny_head()
+    full = head.head.clone()  # [16, d]
+    full[1::2] = 3 * full[0::2]  # an odd row: 3x its even neighbour's logit, so every argmax is odd
+    head.vocab_ids = torch.arange(0, 16, 2)  # the even ids only
+    head.head = full[head.vocab_ids]
+    tokens, hidden, learn = draft_training._pad(rows, 16)
+    _, over_rows = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=1)
+    _, over_all = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=1, full_head=full)
+    with torch.no_grad():
+        n0 = hidden.shape[1] - 1
+        _, z, _ = head(hidden[:, :-1], tokens[:, 1 : n0 + 1], torch.arange(n0))
+        labelled = learn[:, 1:]
+        target = head.final_norm(hidden[:, 1:])
+        drafted = head.vocab_ids[z.argmax(-1)][labelled]
+        truth = torch.nn.functional.linear(target, full).argmax(-1)[labelled]
+        best_row = head.vocab_ids[torch.nn.functional.linear(target, head.head).argmax(-1)][labelled]
+    assert over_all["top1"] == pytest.approx(float((drafted == truth).float().mean()))
+    assert over_rows["top1"] == pytest.approx(float((drafted == best_row).float().mean()))
+    assert over_all["top1"] == 0 < over_rows["top1"]  # no position is right; over the rows, some are
+
+
 def _dense_losses(head, tokens, hidden, learn, steps: int, decay: float = 0.8):
     """The readable reference of draft_training.draft_losses (noise 0): logits at every row of
     every unrolled step, the losses weighted by the answer mask."""

@@ -528,6 +528,37 @@ def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
     assert probs is None and tokens.numel() == 3
 
 
+def test_widened_rows_add_the_lowest_ids_outside_the_trained_ones():
+    trained = torch.tensor([1, 4, 6])
+    assert ld.widened_rows(trained, 3, 8).tolist() == [1, 4, 6]
+    assert ld.widened_rows(trained, 5, 8).tolist() == [0, 1, 2, 4, 6]
+    assert ld.widened_rows(trained, 8, 8).tolist() == list(range(8))
+    for rows, error in ((2, ValueError), (9, ValueError), (4.0, TypeError), (True, TypeError), ("5", TypeError)):
+        with pytest.raises(error, match="rows"):
+            ld.widened_rows(trained, rows, 8)
+
+
+def test_a_widened_draft_proposes_every_row_and_preserves_the_joint_law(tiny, tmp_path):
+    """Loaded with ``rows=V`` the draft's rows cover token 1, which the file's head never
+    proposes; verification stays exact (its rows are still the law its tokens are drawn from)."""
+    from specverify.integrations.transformers import CausalLMTarget
+
+    model, head = tiny
+    path = ld.save(head, tmp_path / "draft.safetensors")
+    assert torch.equal(ld.load(model, path).vocab_ids, head.vocab_ids)  # None: the file's own rows
+    wide = ld.load(model, path, rows=V)
+    assert wide.vocab_ids.tolist() == list(range(V))
+    torch.testing.assert_close(wide.head, model.lm_head.weight)
+    draft = ld.LearnedDraft(wide, CausalLMTarget(model, Sampling(greedy=False)), generator=torch.Generator().manual_seed(0))
+    _, probs = draft(torch.tensor(PROMPT), 3)
+    assert (probs[:, 1] > 0).all()  # unwarped: every row has mass
+    counts, rounds, law, _ = _continuation_counts(model, wide, RUNS, "token")
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and rounds > 1.2 and res.pvalue > ALPHA, (res, rounds)
+    with pytest.raises(ValueError, match="rows must lie in"):
+        ld.load(model, path, rows=len(REDUCED) - 1)
+
+
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(combine="hybrid", min_confidence={"greedy": 0.1}, greedy=False), ValueError, "no 'sample' key"),
     (dict(combine="hybrid", min_confidence={"greedy": 0.1, "sampling": 0.3}), ValueError, "unknown key 'sampling'"),

@@ -44,8 +44,8 @@ the draft is unsure of costs a plain step instead of a losing proposal.
 
 from .callbacks import COMBINE, DEFAULT_MIN_CONFIDENCE, HybridDraft, learned_callbacks, planned_draft
 from .drafts import HiddenTap, LearnedDraft, LearnedTreeDraft
-from .head import DEFAULT_WEIGHTS, FeatureHead, check_weights, load, metadata, save
+from .head import DEFAULT_WEIGHTS, FeatureHead, check_weights, load, metadata, save, widened_rows
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "save", "check_weights", "metadata",
-           "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "COMBINE", "planned_draft",
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "DEFAULT_MIN_CONFIDENCE", "load", "widened_rows", "save", "check_weights",
+           "metadata", "HiddenTap", "LearnedDraft", "LearnedTreeDraft", "HybridDraft", "COMBINE", "planned_draft",
            "learned_callbacks"]

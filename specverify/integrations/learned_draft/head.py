@@ -15,7 +15,7 @@ from torch import nn
 from ... import verify as ops
 from ..transformers.speed import kernel_linear_applies
 
-__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "save", "check_weights", "metadata"]
+__all__ = ["FeatureHead", "DEFAULT_WEIGHTS", "load", "widened_rows", "save", "check_weights", "metadata"]
 
 #: The shipped draft's file (:func:`load`'s default; :func:`metadata` reads how it was trained).
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "data" / "smollm2_draft.safetensors"
@@ -190,9 +190,31 @@ def save(head: FeatureHead, path, dtype=torch.bfloat16, meta: Optional[dict] = N
     return path
 
 
-def load(target, path=None) -> FeatureHead:
+def widened_rows(vocab_ids: torch.Tensor, rows: int, n_vocab: int) -> torch.Tensor:
+    """``vocab_ids`` and, beyond them, the lowest ids not among them, up to ``rows`` ids, sorted.
+
+    Why lowest: a BPE vocabulary numbers its merges in order, so a lower id is a commoner token
+    of the tokenizer's corpus. The draft's logits for rows it was not trained on come from the same
+    feature ``f`` (trained to be close to ``h``, whose LM-head product is the target's logits), so
+    they rank such tokens usefully: the target's own answers hold tokens no training answer did."""
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise TypeError(f"rows must be an int or None, got {type(rows).__name__}")
+    if not vocab_ids.numel() <= rows <= n_vocab:
+        raise ValueError(f"rows must lie in [{vocab_ids.numel()}, {n_vocab}] (the file's {vocab_ids.numel()} "
+                         f"trained rows up to the whole vocabulary), got {rows}")
+    outside = torch.ones(n_vocab, dtype=torch.bool)
+    outside[vocab_ids] = False
+    extra = torch.nonzero(outside).flatten()[: rows - vocab_ids.numel()]
+    return torch.sort(torch.cat([vocab_ids, extra])).values
+
+
+def load(target, path=None, rows: Optional[int] = None) -> FeatureHead:
     """The draft stored at ``path`` (default :data:`DEFAULT_WEIGHTS`), attached to ``target``
     (a SmolLM2 ``LlamaForCausalLM``), float32, eval mode, linears on :func:`specverify.linear`.
+
+    ``rows``: propose from this many LM-head rows, the file's ``vocab_ids`` (those it was trained
+    on) widened by :func:`widened_rows` (``experiments.end_to_end.draft_rows`` judges widths);
+    None: the file's own.
 
     The file is checked before use (:func:`check_weights`): one :class:`ValueError` naming the
     file and the problem, rather than a failure far from the cause (repeated vocabulary ids, say,
@@ -210,6 +232,8 @@ def load(target, path=None) -> FeatureHead:
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
     check_weights(tensors, target.config, path)
+    if rows is not None:
+        tensors["vocab_ids"] = widened_rows(tensors["vocab_ids"], rows, int(target.config.vocab_size))
     head = FeatureHead(target.config, tensors["vocab_ids"])
     head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
     head.attach(target).eval().requires_grad_(False)
