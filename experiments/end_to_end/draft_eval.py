@@ -68,7 +68,8 @@ def tuning_prompts(n: int = 10, seed: int = 0):
     return {f"p{i}": text for i, text in enumerate(random.Random(seed + 1).sample(prompts, n))}
 
 
-def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: int = 3, seed: int = 0, answers=None):
+def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: int = 3, seed: int = 0, answers=None,
+                   context_rows: bool = True):
     """The draft's teacher-forced top-1 on the target's own greedy answers to ``prompts`` (a list
     of strings), at answer positions only, and the token ablation that shows whether it reads its
     token.
@@ -82,7 +83,10 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     drawn uniformly from the draft's vocabulary (``seed``), the pair alone (the true pairs before
     it as context): ``random_top1``. Returns a dict with ``top1 [steps]``, ``random_top1``,
     ``positions``, ``vocab_coverage`` (the share of the answers' tokens the draft can propose) and ``only_true`` / ``only_random`` (positions right with one token and not the
-    other: a token the draft ignores makes them equally likely). ``answers``: the target's answers
+    other: a token the draft ignores makes them equally likely). ``context_rows``: the draft
+    proposes from its trained rows and the tokens of the call's prefix, as
+    :class:`~specverify.integrations.learned_draft.LearnedDraft` does by default (False: the
+    trained rows only); ``vocab_coverage`` counts the same rows. ``answers``: the target's answers
     to ``prompts`` made before (:func:`~experiments.end_to_end.draft_data.generate_shard`), to
     judge several drafts on the same ones.
     """
@@ -97,24 +101,39 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     tokens, hidden, learn = draft_training._pad(seqs, max(h.shape[0] for _, h, _ in seqs))
     with torch.no_grad():
         full_head = model.get_output_embeddings().weight.detach()  # [V, d]
-        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps, full_head=full_head)
+        first = draft_training.first_positions(tokens, full_head.shape[0]) if context_rows else None  # [B, V]
+        _, stats = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=steps, full_head=full_head,
+                                               first=first)
         n0 = hidden.shape[1] - 1
         feats = hidden[:, :-1]
-        _, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
+        f, z, past = head(feats, tokens[:, 1 : n0 + 1], torch.arange(n0))
         generator = torch.Generator().manual_seed(seed)
         swapped = head.vocab_ids[torch.randint(head.vocab_ids.numel(), tokens[:, 1 : n0 + 1].shape, generator=generator)]
         mask = torch.zeros(n0, 2 * n0, dtype=torch.bool)  # row j: the true pairs before j, and itself
         mask[:, :n0] = torch.ones(n0, n0, dtype=torch.bool).tril(-1)
         mask[torch.arange(n0), n0 + torch.arange(n0)] = True
-        _, z_random, _ = head(feats, swapped, torch.arange(n0), past=past, mask=mask)
-        best = torch.stack([torch.nn.functional.linear(head.final_norm(h), full_head).argmax(-1)
-                            for h in hidden[:, 1:]])  # [B, n0], a sequence at a time ([n0, V] floats)
-    weight = learn[:, 1:]
-    ids = head.vocab_ids
-    right, right_random = (ids[z.argmax(-1)] == best) & weight, (ids[z_random.argmax(-1)] == best) & weight
+        f_random, z_random, _ = head(feats, swapped, torch.arange(n0), past=past, mask=mask)
+        weight = learn[:, 1:]  # [B, n0]: pair j's label x_{j+2} is an answer token
+        b, j = weight.nonzero(as_tuple=True)
+        best = draft_training.argmax_over_rows(head.final_norm(hidden[:, 1:][weight]), full_head)  # [n]
+        if context_rows:
+            in_rows = torch.zeros(full_head.shape[0], dtype=torch.bool)
+            in_rows[head.vocab_ids] = True
+            drafted, drafted_random = (draft_training.argmax_over_rows(head.final_norm(x[weight]), full_head, in_rows,
+                                                                       first, b, j + 1) for x in (f, f_random))
+        else:
+            drafted, drafted_random = head.vocab_ids[z[weight].argmax(-1)], head.vocab_ids[z_random[weight].argmax(-1)]
+    right, right_random = drafted == best, drafted_random == best
     n = int(weight.sum())
-    answers = torch.cat([t[start:] for t, _, start in seqs]).long()
-    inside = float(torch.isin(answers, head.vocab_ids).float().mean())  # the ceiling on any draft position's top-1
+    # the ceiling on any draft position's top-1: answer tokens in the trained rows (or earlier in the sequence)
+    inside = []
+    for b_, (t, _, start) in enumerate(seqs):
+        t = t.long()
+        known = torch.isin(t[start:], head.vocab_ids)
+        if context_rows:
+            known |= first[b_, t[start:]] < torch.arange(start, t.numel())
+        inside.append(known)
+    inside = float(torch.cat(inside).float().mean())
     return {"top1": [stats[f"top{s + 1}"] for s in range(steps)], "random_top1": float(right_random.sum()) / max(1, n),
             "vocab_coverage": inside,
             "positions": n, "only_true": int((right & ~right_random).sum()), "only_random": int((right_random & ~right).sum())}
@@ -136,12 +155,14 @@ class _Recorder:
 
     def __init__(self, draft_step, target_step):
         self.draft_step, self.target_step = draft_step, target_step
-        self.rounds, self.logits = [], []  # per round; logits: the draft's last_logits [m, V_r] if it has them
+        # per round; logits: the draft's last_logits [m, V_r + C] if it has them, row_ids the tokens of their columns
+        self.rounds, self.logits, self.row_ids = [], [], []
         self._drafted = self._logits = None
 
     def draft(self, prefix, k):
         self._drafted = self.draft_step(prefix, k)
         self._logits = getattr(self.draft_step, "last_logits", None)
+        self._row_ids = getattr(self.draft_step, "row_ids", None)
         return self._drafted
 
     def target(self, prefix, proposed, parents=None):
@@ -150,13 +171,15 @@ class _Recorder:
         probs = self._drafted[1]
         self.rounds.append((proposed.clone(), None if probs is None else probs[:m].clone(), rows.clone()))
         self.logits.append(None if self._logits is None else self._logits[:m].clone())
+        self.row_ids.append(self._row_ids)
         return rows
 
 
-def gate_statistics(tokens, probs, logits, vocab_ids):
+def gate_statistics(tokens, probs, logits, row_ids):
     """The gate's ``c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i`` at every drafted position
     (:class:`~specverify.integrations.learned_draft.LearnedDraft`): ``q`` from ``probs [m, V]``
-    (sampling) or the softmax of ``logits [m, V_r]`` over ``vocab_ids`` (greedy)."""
+    (sampling) or the softmax of ``logits [m, V_r + C]`` over ``row_ids`` (greedy; the draft's
+    rows in its order)."""
     import numpy as np
     import torch
 
@@ -165,7 +188,8 @@ def gate_statistics(tokens, probs, logits, vocab_ids):
     if probs is not None:
         rows, ids = probs.double(), tokens  # [m, V], full-vocabulary ids
     else:
-        rows, ids = torch.softmax(logits.double(), -1), torch.searchsorted(vocab_ids, tokens)  # [m, V_r], rows of it
+        column = (row_ids[None, :] == tokens[:, None]).long().argmax(1)  # [m]: each token's column
+        rows, ids = torch.softmax(logits.double(), -1), column  # [m, V_r + C]
     top = (rows.max(1).values / rows.sum(1)).numpy()  # [m] max q_i
     before = np.cumprod(np.concatenate([[1.0], draft_confidences(rows, ids)]))[:-1]  # [m] q_1(t_1) .. q_{i-1}(t_{i-1})
     return (before * top).tolist()
@@ -177,7 +201,8 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
     Returns a list of dicts: ``mode, prompt, round, position, reached, value`` (greedy: argmax
     match; sampling: the overlap ``a_i``), ``emitted`` (tokens the round emitted), ``gate`` (the
     gate's statistic :func:`gate_statistics`; the draft runs ungated), and the share of the
-    target's greedy continuations' tokens inside the draft's reduced vocabulary.
+    target's greedy continuations' tokens the draft could propose (in its trained rows or earlier
+    in the sequence: its context rows).
     """
     import torch
 
@@ -197,10 +222,14 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
             out = dec.generate(prompt, max_new)
             if greedy:  # the target's own greedy continuation (greedy output == the target's)
                 new = out[prompt.numel():].tolist()
-                inside += sum(t in vocab for t in new)
+                seen = set(prompt.tolist())  # context rows: a token of the prefix is proposable
+                for t in new:
+                    inside += t in vocab or t in seen
+                    seen.add(t)
                 generated += len(new)
-            for r, ((tokens, probs, rows), logits, emitted) in enumerate(zip(rec.rounds, rec.logits, dec.stats.emitted)):
-                gates = gate_statistics(tokens, probs, logits, head.vocab_ids)
+            for r, ((tokens, probs, rows), logits, row_ids, emitted) in enumerate(
+                    zip(rec.rounds, rec.logits, rec.row_ids, dec.stats.emitted)):
+                gates = gate_statistics(tokens, probs, logits, row_ids)
                 for i in range(tokens.numel()):
                     if greedy:
                         value = float(int(torch.argmax(rows[i])) == int(tokens[i]))

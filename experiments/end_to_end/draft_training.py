@@ -100,8 +100,41 @@ def _pad(seqs, max_len: int):
     return tokens, hidden, learn
 
 
+def first_positions(tokens, n_vocab: int):
+    """``[B, V]`` int32: where each token first occurs in each row of ``tokens [B, L]`` (``L``:
+    nowhere). A draft's context rows after the prefix ``x_0 .. x_p`` are the tokens ``v`` with
+    ``first[b, v] <= p``."""
+    import torch
+
+    batch, length = tokens.shape
+    first = torch.full((batch, n_vocab), length, dtype=torch.int32)
+    return first.scatter_reduce_(1, tokens, torch.arange(length, dtype=torch.int32).expand(batch, length), reduce="amin")
+
+
+def argmax_over_rows(x, full_head, in_rows=None, first=None, seq=None, last=None, chunk: int = 256):
+    """The argmax over the whole vocabulary of ``full_head x`` (``x [n, d]`` normalized features,
+    ``full_head [V, d]``), among the tokens a draft may propose: all (``in_rows`` None), those of
+    ``in_rows [V]`` bool (its trained rows), and with ``first [B, V]`` (:func:`first_positions`),
+    ``seq [n]`` and ``last [n]`` also those of each position's prefix ``x_0 .. x_last`` in sequence
+    ``seq`` (its context rows). ``[n]`` int64 token ids; ``chunk`` rows at a time (``n x V`` floats
+    are large)."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    for lo in range(0, x.shape[0], chunk):
+        z = F.linear(x[lo : lo + chunk], full_head)  # [c, V]
+        if in_rows is not None:
+            allowed = in_rows[None].expand_as(z)
+            if first is not None:
+                allowed = allowed | (first[seq[lo : lo + chunk]] <= last[lo : lo + chunk, None])
+            z = z.masked_fill(~allowed, float("-inf"))
+        out.append(z.argmax(-1))
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.int64)
+
+
 def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, decay: float = 0.8, generator=None,
-                 full_head=None):
+                 full_head=None, first=None):
     """EAGLE losses of one batch over ``steps`` unrolled draft steps (training-time test).
 
     ``tokens [B, T + 1]``, ``hidden [B, T, d]`` (``h_t``), ``learn [B, T]`` (:func:`_pad`). Step 0
@@ -117,7 +150,9 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     the acceptance rate there). ``full_head`` ``[V, d]`` (the target's whole LM head; evaluation):
     ``top1_s`` against the target's argmax over all ``V`` tokens instead, what greedy acceptance
     asks (a position whose argmax lies outside the rows counts as missed, not as matched against
-    the best of the rows).
+    the best of the rows); with ``first [B, V]`` (:func:`first_positions` of ``tokens``) the draft
+    proposes from its context rows too, as it does in decoding: row ``j``'s call has the prefix
+    ``x_0 .. x_{j+1}``.
     """
     import torch
     import torch.nn.functional as F
@@ -137,8 +172,11 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
     with torch.no_grad():
         targets = head.final_norm(hidden[:, 1:][labelled])  # [N, d]: position t+1's normalized feature
         labels = torch.softmax(F.linear(targets, head.head), dim=-1)  # [N, V_r]: the target's distribution there
-        if full_head is not None:  # [N]: the target's argmax over all V (in chunks: N x V floats is large)
-            truth = torch.cat([F.linear(c, full_head).argmax(-1) for c in targets.split(1024)])
+        if full_head is not None:  # [N]: the target's argmax over all V
+            truth = argmax_over_rows(targets, full_head)
+            if first is not None:
+                in_rows = torch.zeros(full_head.shape[0], dtype=torch.bool)
+                in_rows[head.vocab_ids] = True
     n0 = T - 1  # rows of step 0 (true pairs 0 .. T-2)
     loss, stats, past, f = 0.0, {}, None, None
     for s in range(steps):
@@ -165,8 +203,13 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
         loss = loss + decay**s * (ce + 10 * reg).sum() / count
         with torch.no_grad():
             stats[f"ce{s + 1}"] = float(ce.sum() / count)
-            right = (head.vocab_ids[z.argmax(-1)] == truth[at]) if full_head is not None else (
-                z.argmax(-1) == labels[at].argmax(-1))
+            if full_head is None:
+                right = z.argmax(-1) == labels[at].argmax(-1)
+            elif first is None:
+                right = head.vocab_ids[z.argmax(-1)] == truth[at]
+            else:
+                b, j = picked.nonzero(as_tuple=True)  # row j's call: the prefix x_0 .. x_{j+1}
+                right = argmax_over_rows(head.final_norm(labelled_f), full_head, in_rows, first, b, j + 1) == truth[at]
             stats[f"top{s + 1}"] = float(right.float().sum() / count)
             if s == 0:
                 stats["overlap1"] = float(torch.minimum(torch.softmax(z, -1), labels[at]).sum(-1).sum() / count)

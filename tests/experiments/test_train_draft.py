@@ -158,7 +158,7 @@ def test_losses_are_taken_on_answer_positions_only():
     assert draft_training.answer_start(torch.tensor([5, 9]), [1, 2]) == 0
 
 
-def test_top1_over_the_whole_vocabulary_misses_an_argmax_outside_the_rows():
+def test_top1_over_the_whole_vocabulary_misses_an_argmax_outside_the_rows_proposed_from():
     """Evaluation's top-1 (``full_head``) is what greedy acceptance asks: the draft's token is the
     target's argmax over all tokens. Over the rows alone (training's), a position whose argmax
     lies outside them is judged against the best of the rows, and can count as right."""
@@ -182,6 +182,18 @@ def test_top1_over_the_whole_vocabulary_misses_an_argmax_outside_the_rows():
     assert over_all["top1"] == pytest.approx(float((drafted == truth).float().mean()))
     assert over_rows["top1"] == pytest.approx(float((drafted == best_row).float().mean()))
     assert over_all["top1"] == 0 < over_rows["top1"]  # no position is right; over the rows, some are
+    # Context rows: row j's call may also propose the tokens of its prefix x_0 .. x_{j+1} (odd ones too).
+    first = draft_training.first_positions(tokens, 16)
+    assert first[0, int(tokens[0, 5])] <= 5 and (first[0][~torch.isin(torch.arange(16), tokens[0])] == tokens.shape[1]).all()
+    _, with_context = draft_training.draft_losses(head, tokens, hidden, learn, noise=0.0, steps=1, full_head=full,
+                                                  first=first)
+    b, j = labelled.nonzero(as_tuple=True)
+    logits = torch.nn.functional.linear(head.final_norm(head(hidden[:, :-1], tokens[:, 1 : n0 + 1], torch.arange(n0))[0]),
+                                        full)[labelled]  # [n, 16]
+    allowed = torch.isin(torch.arange(16), head.vocab_ids)[None] | torch.stack(
+        [torch.isin(torch.arange(16), tokens[b_, : j_ + 2]) for b_, j_ in zip(b.tolist(), j.tolist())])
+    drafted = logits.masked_fill(~allowed, float("-inf")).argmax(-1)
+    assert with_context["top1"] == pytest.approx(float((drafted == truth).float().mean())) and with_context["top1"] > 0
 
 
 def _dense_losses(head, tokens, hidden, learn, steps: int, decay: float = 0.8):

@@ -85,14 +85,14 @@ def target_joint_law(model, prompt, length, sampling):
 
 
 class RowsAtWrongIds(ld.LearnedDraft):
-    """Broken (an indexing bug): the reduced rows are written to full-vocabulary slots ``0 .. V_r - 1``
-    instead of ``vocab_ids``, while the tokens are mapped through ``vocab_ids``."""
+    """Broken (an indexing bug): the draft's rows are written to full-vocabulary slots ``0 .. V_r - 1``
+    instead of ``row_ids``, while the tokens are mapped through ``row_ids``."""
 
     def __call__(self, prefix, k, stop=None):
         tokens, probs = super().__call__(prefix, k, stop)
         if probs is not None and tokens.numel():
             wrong = torch.zeros_like(probs)
-            wrong[:, : len(REDUCED)] = probs[:, self.head.vocab_ids]
+            wrong[:, : len(self.row_ids)] = probs[:, self.row_ids]
             probs = wrong
         return tokens, probs
 
@@ -106,11 +106,11 @@ class TreeRowsAsDrawn(ld.LearnedTreeDraft):
         tree = super().__call__(prefix, k)
         if tree.n_nodes:
             rows = torch.zeros(tree.n_nodes + 1, V)
-            rows[:, self.head.vocab_ids] = 1.0 / len(REDUCED)  # leaves' rows are not read
+            rows[:, self.row_ids] = 1.0 / len(self.row_ids)  # leaves' rows are not read
             for r in range(tree.n_nodes + 1):  # the draft's row after the root and after each node
                 path = tuple(tree.tokens[path_to(tree.parents.tolist(), r - 1)].tolist())
                 if path in self.last_logits:
-                    rows[r, self.head.vocab_ids] = torch.softmax(self.last_logits[path], -1)
+                    rows[r, self.row_ids] = torch.softmax(self.last_logits[path], -1)
             tree.probs = rows
         return tree
 
@@ -513,19 +513,36 @@ def test_the_gate_cuts_at_the_first_position_below_it(tiny):
         ld.LearnedTreeDraft(head, target, min_confidence=-0.1)
 
 
-def test_rows_are_zero_outside_the_reduced_vocabulary(tiny):
+@pytest.mark.parametrize("context_rows", [False, True])
+def test_rows_are_zero_outside_the_rows_proposed_from(tiny, context_rows):
+    """The head's trained rows are {0, 2, 3}; the prompt holds token 1, which context rows add
+    (after the trained ones: ``row_ids``), so only then does the draft propose it."""
     from specverify.integrations.transformers import CausalLMTarget
 
     model, head = tiny
-    target = CausalLMTarget(model, Sampling(greedy=False, **WARP))
-    draft = ld.LearnedDraft(head, target, generator=torch.Generator().manual_seed(0))
+    target = CausalLMTarget(model, Sampling(greedy=False))
+    draft = ld.LearnedDraft(head, target, generator=torch.Generator().manual_seed(0), context_rows=context_rows)
     tokens, probs = draft(torch.tensor(PROMPT), 3)
-    assert probs.shape == (3, V) and (probs[:, 1] == 0).all()
+    assert draft.row_ids.tolist() == REDUCED + [1] * context_rows
+    assert probs.shape == (3, V) and ((probs[:, 1] > 0) if context_rows else (probs[:, 1] == 0)).all()
     torch.testing.assert_close(probs.sum(1), torch.ones(3))
-    assert set(tokens.tolist()) <= set(REDUCED)
-    greedy = ld.LearnedDraft(head, CausalLMTarget(model, Sampling()))
+    assert draft.last_logits.shape == (3, len(draft.row_ids))
+    greedy = ld.LearnedDraft(head, CausalLMTarget(model, Sampling()), context_rows=context_rows)
     tokens, probs = greedy(torch.tensor(PROMPT), 3)
     assert probs is None and tokens.numel() == 3
+    assert greedy(torch.tensor([0, 2, 3, 2]), 1)[0].numel() == 1 and greedy.row_ids.tolist() == REDUCED  # a new prefix
+    with pytest.raises(TypeError, match="context_rows"):
+        ld.LearnedDraft(head, target, context_rows=1)
+
+
+def test_a_draft_without_context_rows_preserves_the_joint_law(tiny):
+    """Token 1 is outside its rows (q = 0 there, every round): the law still holds."""
+    model, head = tiny
+    no_context = lambda head, target, generator=None: ld.LearnedDraft(head, target, generator=generator,  # noqa: E731
+                                                                       context_rows=False)
+    counts, rounds, law, _ = _continuation_counts(model, head, RUNS, "token", draft_cls=no_context)
+    res = st.chisquare_counts(counts, law)
+    assert res.dof >= 5 and rounds > 1.2 and res.pvalue > ALPHA, (res, rounds)
 
 
 def test_widened_rows_add_the_lowest_ids_outside_the_trained_ones():

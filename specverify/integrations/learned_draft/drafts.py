@@ -160,12 +160,26 @@ def _fed_tree(mask, positions, start: int, n_fed: int):
 
 
 class _PairCache:
-    """What the learned drafts share: the target's hidden states (:class:`HiddenTap`) and the
+    """What the learned drafts share: the target's hidden states (:class:`HiddenTap`), the
     draft's KV cache of the true pairs ``(h_t, x_{t+1})``, kept across rounds (only new pairs are
-    fed). ``target``: the verifying
-    :class:`~specverify.integrations.transformers.CausalLMTarget`."""
+    fed), and the rows it proposes from. ``target``: the verifying
+    :class:`~specverify.integrations.transformers.CausalLMTarget`.
 
-    def __init__(self, head: FeatureHead, target):
+    ``context_rows`` (default True): a call proposes from the head's trained rows and, after them,
+    the target's LM-head rows of every token of its prefix outside them (``row_ids [V_r + C]``,
+    the tokens of the rows in order; ``C`` is tens for a chat prompt). Answers copy their prompt
+    -- a name, a listed word, an identifier -- and a reduced vocabulary chosen on the training
+    answers misses such tokens (on the held-out prompts ~0.10 of the target's answer tokens lay
+    outside the 12288 trained rows, three in four of them earlier in the context); their logits
+    come from the same feature ``f``. Rows are fixed for a call: its law is a softmax over them."""
+
+    def __init__(self, head: FeatureHead, target, context_rows: bool = True):
+        if not isinstance(context_rows, bool):
+            raise TypeError(f"context_rows must be True or False, got {context_rows!r}")
+        self.context_rows = context_rows
+        self.row_ids = head.vocab_ids  # [V_r + C]
+        self._extra = head.vocab_ids[:0]  # [C] sorted: the context's tokens outside the trained rows
+        self._extra_rows = head.head[:0]  # [C, d]
         self.head = head
         self.lm = target.lm
         self.sampling = target.sampling
@@ -177,8 +191,20 @@ class _PairCache:
         self.steps = 0
         self.proposed = 0
 
+    def _set_rows(self, seq: torch.Tensor) -> None:
+        """``row_ids``: the trained rows, then (``context_rows``) the tokens of ``seq`` outside them."""
+        if not self.context_rows:
+            return
+        tokens = torch.unique(seq)
+        extra = tokens[~torch.isin(tokens, self.head.vocab_ids)]
+        if not torch.equal(extra, self._extra):
+            self._extra, self._extra_rows = extra, self.head.lm_head[extra]
+            self.row_ids = torch.cat([self.head.vocab_ids, extra])
+
     def _sync(self, seq: torch.Tensor):
-        """Feed the true pairs up to ``N - 2`` (``N = len(seq)``); return the last one's ``(f [d], logits [V_r])``."""
+        """Set the rows (:meth:`_set_rows`) and feed the true pairs up to ``N - 2`` (``N =
+        len(seq)``); return the last one's ``(f [d], logits [V_r + C])``."""
+        self._set_rows(seq)
         n = seq.numel()
         hidden, known = self.tap.features(seq)
         if _common_prefix(known, seq) < n - 1:  # the target has not scored this prefix: let it
@@ -192,7 +218,7 @@ class _PairCache:
             past = (self._past[0][:, :, :keep], self._past[1][:, :, :keep])
         feats = hidden[keep:pairs][None]  # [1, T, d]
         f, logits, self._past = self.head(feats, seq[keep + 1 : pairs + 1][None], torch.arange(keep, pairs), past=past,
-                                          last_only=True)
+                                          last_only=True, extra=self._extra_rows)
         self._pair_tokens = seq[: pairs + 1].clone()
         self.steps += 1
         return f[0, -1], logits[0, -1]
@@ -214,8 +240,8 @@ class LearnedDraft(_PairCache):
     over the prefix first (the target's next call reuses that cache). The draft keeps its own
     cache of the true pairs ``(h_t, x_{t+1})`` across rounds and feeds only the new ones; drafted
     pairs are dropped after each round. Greedy (``sampling.greedy``): tokens are argmaxes over the
-    reduced vocabulary and ``probs`` is None. Sampling: ``probs[i]`` is the draft's row ``q_i``
-    ``[V]`` (``sampling``'s warp over the reduced vocabulary, zero outside it) and ``tokens[i]`` is
+    rows (``row_ids``) and ``probs`` is None. Sampling: ``probs[i]`` is the draft's row ``q_i``
+    ``[V]`` (``sampling``'s warp over its rows, zero outside them) and ``tokens[i]`` is
     drawn from it with ``generator``. ``stop(i, confidence)`` as in
     :class:`~specverify.integrations.transformers.CausalLMDraft`.
 
@@ -223,7 +249,7 @@ class LearnedDraft(_PairCache):
     ``c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) * max q_i`` -- the draft's own estimate that the
     round reaches and accepts it -- is at least ``min_confidence``; the proposal ends at the
     first position that fails, and may be empty (the round is then a plain target step). ``q``
-    is the draft's softmax over the reduced vocabulary (greedy) or its warped row (sampling).
+    is the draft's softmax over its rows (greedy) or its warped row (sampling).
     The decision reads the tokens before ``i`` and the row ``q_i``, never ``t_i`` itself, so
     verification stays exact (:mod:`specverify.decoding.adaptive`'s claim); unlike the policy's
     ``stop``, which keeps the token it stops after, the gate can leave a round without a draft,
@@ -232,13 +258,13 @@ class LearnedDraft(_PairCache):
     rule, with ``path = q_1(t_1) ... q_{i-1}(t_{i-1})`` and ``top = max q_i``): asked before each
     ``t_i`` is drawn, the proposal ends where it says False, like ``min_confidence``. Counters:
     ``steps`` (draft forwards), ``proposed`` (tokens), ``empty`` (calls the gate left without a
-    token); ``last_logits`` ``[j, V_r]`` of the latest proposal. Not thread-safe (one decoder at
+    token); ``last_logits`` ``[j, V_r + C]`` of the latest proposal (over ``row_ids``). Not thread-safe (one decoder at
     a time, as the target).
     """
 
     def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None,
-                 min_confidence: float = 0.0):
-        super().__init__(head, target)
+                 min_confidence: float = 0.0, context_rows: bool = True):
+        super().__init__(head, target, context_rows)
         self.generator = generator
         self.min_confidence = _check_gate(min_confidence)
         self.empty = 0
@@ -251,7 +277,7 @@ class LearnedDraft(_PairCache):
             return seq[:0], None
         f, z = self._sync(seq)
         past = self._past
-        ids = self.head.vocab_ids
+        ids = self.row_ids
         tokens = torch.empty(k, dtype=torch.int64)
         probs = None if self.greedy else torch.zeros(k, self.vocab_size, dtype=torch.float32)
         logits = torch.empty(k, z.numel())
@@ -266,7 +292,7 @@ class LearnedDraft(_PairCache):
                 confidence = float(torch.softmax(z.double(), 0)[j]) if stop is not None or tops else 1.0
                 top = confidence
             else:
-                row = self.sampling.rows(z[None])[0]  # [V_r], warped like the target's rows
+                row = self.sampling.rows(z[None])[0]  # [V_r + C], warped like the target's rows
                 total = row.sum()
                 top = float(row.max() / total) if tops else 1.0
             if floor and path * top < floor or gate is not None and not gate(i, path, top):  # before t_i is drawn
@@ -285,12 +311,13 @@ class LearnedDraft(_PairCache):
                 drawn = i + 1
                 break
             if i + 1 < k:  # the next pair: the draft's own feature and the token just drafted
-                f3, z3, past = self.head(f[None, None], tokens[i : i + 1][None], torch.tensor([n - 1 + i]), past=past)
+                f3, z3, past = self.head(f[None, None], tokens[i : i + 1][None], torch.tensor([n - 1 + i]), past=past,
+                                         extra=self._extra_rows)
                 f, z = f3[0, -1], z3[0, -1]
                 self.steps += 1
         self.proposed += drawn
         self.empty += drawn == 0
-        self.last_logits = logits[:drawn]  # [j, V_r] (diagnostics)
+        self.last_logits = logits[:drawn]  # [j, V_r + C] (diagnostics; over row_ids)
         return tokens[:drawn].clone(), None if probs is None else probs[:drawn].clone()
 
 
@@ -301,7 +328,7 @@ class LearnedTreeDraft(_PairCache):
     pairs in place of a draft model's tokens. After the true pairs are synced (as
     :class:`LearnedDraft`: the target's hidden states, the draft's cache of true pairs kept across
     rounds), the last true pair's logits give the root's children. At each depth the ``top_k``
-    most likely children of every frontier node (softmax over the reduced vocabulary at
+    most likely children of every frontier node (softmax over its rows at
     ``temperature``) are scored by the product of draft probabilities along their path; the
     ``beam`` best are expanded by ONE :class:`FeatureHead` call over those nodes: node ``c``'s pair
     is ``(f_parent, token_c)`` (``f`` of the root is the last true pair's), at position
@@ -315,7 +342,7 @@ class LearnedTreeDraft(_PairCache):
     most likely, deterministic (``probs=None``, verified by sample-and-match) in greedy and
     sampling mode alike, so the decoder's output law is the target's whatever the draft proposes.
     In sampling mode the children may instead be *drawn* from the node's warped row ``q`` (zero
-    outside the reduced vocabulary) with ``generator``, and the tree carries the rows
+    outside its rows) with ``generator``, and the tree carries the rows
     (``probs [N + 1, V]``) for :func:`specverify.accept_tree`'s stochastic rules:
     ``"without_replacement"`` (one after another, siblings distinct, by Gumbel-top-k: recursive
     rejection sampling, EAGLE / Jeon et al. 2024) or ``"with_replacement"`` (i.i.d.; SpecInfer's
@@ -328,7 +355,7 @@ class LearnedTreeDraft(_PairCache):
     Tree nodes' pairs are dropped after the call (the cache keeps the true pairs only); after the
     target scores the tree, :class:`HiddenTap` takes the hidden rows of the path the decoder
     accepted from that forward. Counters: ``steps`` (draft forwards), ``proposed`` (nodes);
-    ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r]}`` of the root (``()``) and
+    ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r + C]}`` (over ``row_ids``) of the root (``()``) and
     every expanded node of the latest call. Not thread-safe (one decoder at a time, as the target).
 
     ``temperature`` is the top-k ranking's softmax temperature (drawn children use ``sampling``'s
@@ -348,11 +375,11 @@ class LearnedTreeDraft(_PairCache):
 
     def __init__(self, head: FeatureHead, target, node_budget: int = 16, top_k: int = 4, beam: int = 4,
                  temperature: float = 1.0, min_confidence: float = 0.0, children: str = "top_k",
-                 generator: Optional[torch.Generator] = None):
+                 generator: Optional[torch.Generator] = None, context_rows: bool = True):
         _check_tree_shape(node_budget, top_k, beam, temperature)
         if children not in self.CHILDREN:
             raise ValueError(f"children must be one of {self.CHILDREN}, got {children!r}")
-        super().__init__(head, target)
+        super().__init__(head, target, context_rows)
         if children != "top_k" and self.greedy:
             raise ValueError(f"children={children!r} draws from the draft's rows: it needs a sampling target "
                              "(greedy verification matches tokens; use children='top_k')")
@@ -370,12 +397,12 @@ class LearnedTreeDraft(_PairCache):
         f, z = self._sync(seq)
         if self.children != "top_k":
             return self._count(self._drawn_tree(n, f, z, k))
-        ids = self.head.vocab_ids
+        ids = self.row_ids
         past = self._past  # the true pairs [1, kv, P, hd], then the expanded nodes
         n_pairs = past[0].shape[2]
-        tokens, parents, scores = [], [], []  # every candidate: [C] token, parent, log path probability
+        tokens, parents, scores = [], [], []  # every candidate: token, parent, log path probability
         expanded = []  # candidates expanded so far, in order (their draft KV follows the true pairs')
-        frontier = [(-1, 0.0, f, z)]  # (candidate id, log path probability, feature [d], logits [V_r])
+        frontier = [(-1, 0.0, f, z)]  # (candidate id, log path probability, feature [d], logits [V_r + C])
         paths, self.last_logits = {-1: ()}, {}
         log_gate = math.log(self.min_confidence) if self.min_confidence else -math.inf
         for depth in range(k):
@@ -399,14 +426,14 @@ class LearnedTreeDraft(_PairCache):
         """Expand the ``beam`` best candidates of ``level`` (appended to ``expanded``) by ONE head
         call: candidate ``c``'s pair is ``(f of its parent, tokens[c])`` at ``position``, attending to
         the ``n_pairs`` true pairs, its expanded ancestors and itself. Returns the next frontier
-        ``[(candidate, score, f [d], logits [V_r])]``, best first, and the draft's grown KV."""
+        ``[(candidate, score, f [d], logits [V_r + C])]``, best first, and the draft's grown KV."""
         best, start, tree_parents = _expand(level, scores, parents, expanded, self.beam)
         feature = {c: feat for c, _, feat, _ in frontier}  # a candidate's pair reads its parent's f
         allowed = torch.ones(len(best), n_pairs + len(expanded), dtype=torch.bool)  # [B, P + E]
         allowed[:, n_pairs:] = ancestor_mask(tree_parents)[start:]
         feats = torch.stack([feature[parents[c]] for c in best])[None]  # [1, B, d]
         f3, z3, past = self.head(feats, torch.tensor([[tokens[c] for c in best]]), torch.tensor([position] * len(best)),
-                                 past=past, mask=allowed)
+                                 past=past, mask=allowed, extra=self._extra_rows)
         self.steps += 1
         return [(c, scores[c], f3[0, i], z3[0, i]) for i, c in enumerate(best)], past
 
@@ -416,7 +443,7 @@ class LearnedTreeDraft(_PairCache):
         return tree
 
     def _draw(self, row: torch.Tensor, m: int) -> list:
-        """``m`` entries of ``row`` ``[V_r]`` (a warped draft row), in draw order: one after another
+        """``m`` entries of ``row`` ``[V_r + C]`` (a warped draft row), in draw order: one after another
         without replacement (Gumbel-top-k: the order of ``log q + Gumbel`` keys is a sequential
         draw without replacement, Kool et al. 2019) or i.i.d."""
         if self.children == "with_replacement":
@@ -442,11 +469,11 @@ class LearnedTreeDraft(_PairCache):
 
     def _drawn_tree(self, n: int, f: torch.Tensor, z: torch.Tensor, k: int) -> DraftTree:
         """The tree of drawn children (``children`` not ``"top_k"``); see the class docstring."""
-        ids = self.head.vocab_ids
+        ids = self.row_ids
         past = self._past
         n_pairs = past[0].shape[2]
         tokens, parents, scores = [], [], []  # every node: token, parent, log path probability
-        rows = {}  # node -> its warped row [V_r] (the law its children were drawn from); -1 the root
+        rows = {}  # node -> its warped row [V_r + C] (the law its children were drawn from); -1 the root
         expanded = []
         frontier = [(-1, 0.0, f, z)]
         paths, self.last_logits = {-1: ()}, {}

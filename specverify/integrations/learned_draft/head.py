@@ -43,7 +43,7 @@ class FeatureHead(nn.Module):
         vocab_ids: ``[V_r]`` int64, the full-vocabulary ids of the reduced head's rows (sorted).
     Frozen parts, not parameters (not saved; :meth:`attach` sets them from the target):
         ``embed`` ``[V, d]`` the target's input embeddings, ``norm_weight`` ``[d]`` its final
-        norm, ``head`` ``[V_r, d]`` its LM-head rows ``vocab_ids``.
+        norm, ``lm_head`` ``[V, d]`` its LM head and ``head`` ``[V_r, d]`` a copy of its rows ``vocab_ids``.
     """
 
     #: :meth:`logits` computes at most this many rows with :func:`specverify.linear`.
@@ -74,14 +74,15 @@ class FeatureHead(nn.Module):
         self.gate_proj = nn.Linear(d, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, d, bias=False)
-        self.embed = self.norm_weight = self.head = None  # set by attach()
+        self.embed = self.norm_weight = self.head = self.lm_head = None  # set by attach()
 
     def attach(self, target) -> "FeatureHead":
         """Take the frozen parts from the target ``LlamaForCausalLM`` (a copy of the head's rows;
         the embeddings and norm are shared). Returns ``self``."""
         self.embed = target.model.embed_tokens.weight.detach()
         self.norm_weight = target.model.norm.weight.detach()
-        self.head = target.lm_head.weight.detach()[self.vocab_ids].contiguous()  # [V_r, d]
+        self.lm_head = target.lm_head.weight.detach()  # [V, d] (shared: the drafts' context rows come from it)
+        self.head = self.lm_head[self.vocab_ids].contiguous()  # [V_r, d]
         return self
 
     def init_from_layer(self, layer) -> None:
@@ -109,15 +110,16 @@ class FeatureHead(nn.Module):
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                 past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None,
-                last_only: bool = False):
-        """One pass over ``T`` new pairs: :meth:`layer`, then :meth:`logits` of its output.
+                last_only: bool = False, extra: Optional[torch.Tensor] = None):
+        """One pass over ``T`` new pairs: :meth:`layer`, then :meth:`logits` of its output
+        (``extra``: more LM-head rows, as there).
 
         Returns:
-            ``(f [B, T', d], logits [B, T', V_r], (keys, values) [B, kv_heads, S + T, hd])`` (see
+            ``(f [B, T', d], logits [B, T', V_r + C], (keys, values) [B, kv_heads, S + T, hd])`` (see
             :meth:`layer`).
         """
         f, past = self.layer(features, tokens, positions, past=past, mask=mask, last_only=last_only)
-        return f, self.logits(f), past
+        return f, self.logits(f, extra), past
 
     def layer(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
               past: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, mask: Optional[torch.Tensor] = None,
@@ -160,8 +162,10 @@ class FeatureHead(nn.Module):
         f = a + self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, d]
         return f, (k, v)
 
-    def logits(self, f: torch.Tensor) -> torch.Tensor:
-        """``W_r norm(f)``: ``[..., d]`` features -> ``[..., V_r]`` logits over the reduced vocabulary.
+    def logits(self, f: torch.Tensor, extra: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``W_r norm(f)``: ``[..., d]`` features -> ``[..., V_r]`` logits over the reduced vocabulary;
+        with ``extra`` ``[C, d]`` (more rows of the target's LM head: the drafts' context rows),
+        ``[..., V_r + C]``, those rows' logits after the reduced vocabulary's.
 
         Through :func:`specverify.linear` for the few rows of a draft step (at most
         :attr:`FAST_ROWS`, float32 on the CPU, no gradient wanted): torch's matmul (2.13, one
@@ -170,9 +174,13 @@ class FeatureHead(nn.Module):
         :func:`~.transformers.use_fast_linears` does for the layer's own linears. Many rows (a
         prefix caught up, training) stay with torch's blocked matmul, faster there."""
         x = self.final_norm(f)
-        if x.numel() > self.FAST_ROWS * self.d or not kernel_linear_applies(x, self.head):
-            return torch.nn.functional.linear(x, self.head)
-        return ops.linear(x, self.head, None, num_threads=torch.get_num_threads())
+        z = self._linear(x, self.head)
+        return z if extra is None or not extra.shape[0] else torch.cat([z, self._linear(x, extra)], dim=-1)
+
+    def _linear(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        if x.numel() > self.FAST_ROWS * self.d or not kernel_linear_applies(x, rows):
+            return torch.nn.functional.linear(x, rows)
+        return ops.linear(x, rows, None, num_threads=torch.get_num_threads())
 
     def own_state(self) -> dict:
         """The draft's own tensors (what is saved): fc, the layer, ``vocab_ids``."""
