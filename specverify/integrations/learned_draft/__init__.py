@@ -7,8 +7,9 @@ The draft (Li et al. 2024, "EAGLE"; reduced vocabulary as in FR-Spec, Zhao et al
     input       a_t = fc([n_h(h_t) ; n_e(E[x_{t+1}])])        fc: [2d] -> [d], E the target's embeddings,
                                                               n_h, n_e two RMSNorms of the draft's own
     layer       f_t = DecoderLayer(a_0 .. a_t)                one Llama layer (SmolLM2's shape), own KV cache
-    output      z_t = W_r norm(f_t)                            [V_r] logits over the reduced vocabulary
-    law         q_t(v) = softmax(z_t)[v] for v in vocab_ids, 0 elsewhere   (a law over all V tokens)
+    output      z_t = W_c norm(f_t)                            [V_r + C] logits over the reduced vocabulary
+                                                              and the call's context rows
+    law         q_t(v) = softmax(z_t)[v] for v in row_ids, 0 elsewhere   (a law over all V tokens)
 
 ``f_t`` stands in for ``h_{t+1}`` (trained to be close to it) and ``q_t`` for the target's
 distribution of ``x_{t+2}``. Why the two norms (as EAGLE-3's): ``h_t`` has an RMS of ~30 with
@@ -21,8 +22,11 @@ Normalized, both halves enter at unit RMS at every step.
 ``norm`` is the target's frozen final RMSNorm and ``W_r`` its LM-head rows for the ``V_r`` tokens
 most frequent in the target's own answers (``vocab_ids``): both are taken from the target when the
 draft is built, so the shipped file holds only ``n_h``, ``n_e``, ``fc``, the layer and
-``vocab_ids``. A drafted token outside the reduced vocabulary has draft probability 0: the draft's
-rows are true distributions over the full vocabulary, and verification stays exact.
+``vocab_ids``. In decoding a call also proposes from the LM-head rows of the tokens of its prefix
+outside ``vocab_ids`` (context rows, ``C`` of them: answers copy names and listed words;
+``row_ids`` = ``vocab_ids`` then those; ``W_c`` their rows). A drafted token outside the rows has
+draft probability 0: the draft's rows are true distributions over the full vocabulary, and
+verification stays exact.
 
 Drafting after a committed sequence ``x_0 .. x_{N-1}``: the target's hidden states ``h_0 ..
 h_{N-2}`` are known from its last pass (:class:`~specverify.integrations.transformers.CachedCausalLM`
