@@ -10,7 +10,8 @@ the decoding policies were tuned on them, the draft never), by:
 
 - its teacher-forced top-1 at draft steps ``1 .. k`` against the target's argmax over the whole
   vocabulary (:func:`~experiments.end_to_end.draft_eval.teacher_forced`, the same answers for every
-  width) and the share of the answers' tokens it holds;
+  width; with the context rows, as the drafts propose) and the share of the answers' tokens it can
+  propose;
 - its cost, calibrated here (:func:`specverify.integrations.calibrate.calibrate`: a target pass
   scoring ``n`` tokens ``T(n)`` and the chain's call proposing ``K`` ``D(K)``, in one-token passes,
   fast linears, ``--threads``);
@@ -105,11 +106,12 @@ def write_table(result, meta, path, command):
              f"`{command}`; prompts (none held out; {result['max_new']} new tokens, greedy): tuning, {n['tuning']} of "
              f"the training kind from a chunk no training reaches; chat, the project's PROMPTS and LONG_PROMPTS "
              f"({n['chat']}).", "",
-             "Top-1: the draft's argmax at step i (teacher-forced) equals the target's over all tokens. Costs: "
+             "Top-1: the draft's argmax at step i (teacher-forced; its rows: the width's and the context's tokens, "
+             "as the drafts propose) equals the target's over all tokens. Costs: "
              "calibrated in this run, in one-token target passes (T(1) in ms). Modelled speed-up: a greedy chain "
              "at its best K, top-1 read as per-position acceptance. Chosen: the best modelled speed-up on the chat "
              "prompts.", "",
-             "| rows | prompts | holds of the answers' tokens | " + " | ".join(f"top-1 step {i + 1}" for i in range(k))
+             "| rows | prompts | can propose, of the answers' tokens | " + " | ".join(f"top-1 step {i + 1}" for i in range(k))
              + " | T(1) ms | D(1) | best K | D(K) | tokens/pass | modelled speed-up |",
              "|--:|---|--:|" + "--:|" * k + "--:|--:|--:|--:|--:|--:|"]
     for r in result["rows"]:
