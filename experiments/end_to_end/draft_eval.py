@@ -345,9 +345,7 @@ def write_table(summary, speed, meta, out_path, command):
              f"command: `{command}`; prompts: {', '.join(meta['prompt_sets'])} ({meta['n_prompts']} held-out chat prompts, "
              f"{meta['max_new']} new tokens, K = {meta['k']}).",
              f"Draft: {info.get('tokens', '?')} training tokens{_by_kind(info)}, reduced vocabulary "
-             f"{info.get('params', {}).get('vocab', '?')}"
-             + (f", proposing from {info['params']['rows']} rows" if "rows" in info.get("params", {}) else "")
-             + " (trained rows cover "
+             f"{info.get('params', {}).get('vocab', '?')} (trained rows cover "
              + (f"{info['vocab_coverage_answers']} of the training answers' tokens" if "vocab_coverage_answers" in info
                 else f"{info.get('vocab_coverage', '?')} of the training tokens")
              + (f"; the rows proposed from, {summary['greedy']['vocab_coverage']:.3f} of the target's greedy answers "

@@ -71,7 +71,8 @@ def measure(widths, n_tuning: int, k: int, max_new: int, threads: int, repeats: 
         trained = f.get_tensor("vocab_ids")
     for width in widths:
         learned_draft.widened_rows(trained, width, model.config.vocab_size)
-    answers = {g: generate_shard(model, tokenizer, texts, max_new, sample=False, seed=seed) for g, texts in groups.items()}
+    answers = {g: generate_shard(model, tokenizer, texts, max_new, sample=False, seed=seed)
+               for g, texts in groups.items()}
     use_fast_linears(model, threads)
     use_grouped_attention(model)
     rows = []

@@ -258,8 +258,8 @@ class LearnedDraft(_PairCache):
     rule, with ``path = q_1(t_1) ... q_{i-1}(t_{i-1})`` and ``top = max q_i``): asked before each
     ``t_i`` is drawn, the proposal ends where it says False, like ``min_confidence``. Counters:
     ``steps`` (draft forwards), ``proposed`` (tokens), ``empty`` (calls the gate left without a
-    token); ``last_logits`` ``[j, V_r + C]`` of the latest proposal (over ``row_ids``). Not thread-safe (one decoder at
-    a time, as the target).
+    token); ``last_logits`` ``[j, V_r + C]`` of the latest proposal (over ``row_ids``). Not
+    thread-safe (one decoder at a time, as the target).
     """
 
     def __init__(self, head: FeatureHead, target, generator: Optional[torch.Generator] = None,
@@ -355,8 +355,9 @@ class LearnedTreeDraft(_PairCache):
     Tree nodes' pairs are dropped after the call (the cache keeps the true pairs only); after the
     target scores the tree, :class:`HiddenTap` takes the hidden rows of the path the decoder
     accepted from that forward. Counters: ``steps`` (draft forwards), ``proposed`` (nodes);
-    ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r + C]}`` (over ``row_ids``) of the root (``()``) and
-    every expanded node of the latest call. Not thread-safe (one decoder at a time, as the target).
+    ``last_logits`` (diagnostics): ``{token path (tuple): logits [V_r + C]}`` (over ``row_ids``) of
+    the root (``()``) and every expanded node of the latest call. Not thread-safe (one decoder at a
+    time, as the target).
 
     ``temperature`` is the top-k ranking's softmax temperature (drawn children use ``sampling``'s
     warp, as the target's rows).

@@ -206,7 +206,7 @@ def widened_rows(vocab_ids: torch.Tensor, rows: int, n_vocab: int) -> torch.Tens
     feature ``f`` (trained to be close to ``h``, whose LM-head product is the target's logits), so
     they rank such tokens usefully: the target's own answers hold tokens no training answer did."""
     if isinstance(rows, bool) or not isinstance(rows, int):
-        raise TypeError(f"rows must be an int or None, got {type(rows).__name__}")
+        raise TypeError(f"rows must be an int, got {type(rows).__name__}")
     if not vocab_ids.numel() <= rows <= n_vocab:
         raise ValueError(f"rows must lie in [{vocab_ids.numel()}, {n_vocab}] (the file's {vocab_ids.numel()} "
                          f"trained rows up to the whole vocabulary), got {rows}")
