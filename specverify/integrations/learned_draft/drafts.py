@@ -167,7 +167,7 @@ class _PairCache:
 
     ``context_rows`` (default True): a call proposes from the head's trained rows and, after them,
     the target's LM-head rows of every token of its prefix outside them (``row_ids [V_r + C]``,
-    the tokens of the rows in order; ``C`` is tens for a chat prompt). Answers copy their prompt
+    the tokens of the rows in order; ``C`` was 1-16 on the held-out chat prompts). Answers copy their prompt
     -- a name, a listed word, an identifier -- and a reduced vocabulary chosen on the training
     answers misses such tokens (on the held-out prompts ~0.10 of the target's answer tokens lay
     outside the 12288 trained rows, three in four of them earlier in the context); their logits
