@@ -178,6 +178,8 @@ class _PairCache:
             raise TypeError(f"context_rows must be True or False, got {context_rows!r}")
         self.context_rows = context_rows
         self.row_ids = head.vocab_ids  # [V_r + C]
+        self._trained = torch.zeros(head.lm_head.shape[0], dtype=torch.bool)  # [V]: in the trained rows
+        self._trained[head.vocab_ids] = True
         self._extra = head.vocab_ids[:0]  # [C] sorted: the context's tokens outside the trained rows
         self._extra_rows = head.head[:0]  # [C, d]
         self.head = head
@@ -195,8 +197,8 @@ class _PairCache:
         """``row_ids``: the trained rows, then (``context_rows``) the tokens of ``seq`` outside them."""
         if not self.context_rows:
             return
-        tokens = torch.unique(seq)
-        extra = tokens[~torch.isin(tokens, self.head.vocab_ids)]
+        # a mask lookup, not torch.isin against the 12288 ids (~0.45 ms a call, a tenth of a draft step)
+        extra = torch.unique(seq[~self._trained[seq]])
         if not torch.equal(extra, self._extra):
             self._extra, self._extra_rows = extra, self.head.lm_head[extra]
             self.row_ids = torch.cat([self.head.vocab_ids, extra])
