@@ -117,10 +117,9 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
         b, j = weight.nonzero(as_tuple=True)
         best = draft_training.argmax_over_rows(head.final_norm(hidden[:, 1:][weight]), full_head)  # [n]
         if context_rows:
-            in_rows = torch.zeros(full_head.shape[0], dtype=torch.bool)
-            in_rows[head.vocab_ids] = True
-            drafted, drafted_random = (draft_training.argmax_over_rows(head.final_norm(x[weight]), full_head, in_rows,
-                                                                       first, b, j + 1) for x in (f, f_random))
+            drafted, drafted_random = (draft_training.argmax_over_rows(head.final_norm(x[weight]), full_head,
+                                                                       head.vocab_ids, first, b, j + 1)
+                                       for x in (f, f_random))
         else:
             drafted, drafted_random = head.vocab_ids[z[weight].argmax(-1)], head.vocab_ids[z_random[weight].argmax(-1)]
     right, right_random = drafted == best, drafted_random == best

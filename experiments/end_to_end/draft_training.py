@@ -111,20 +111,23 @@ def first_positions(tokens, n_vocab: int):
     return first.scatter_reduce_(1, tokens, torch.arange(length, dtype=torch.int32).expand(batch, length), reduce="amin")
 
 
-def argmax_over_rows(x, full_head, in_rows=None, first=None, seq=None, last=None, chunk: int = 256):
+def argmax_over_rows(x, full_head, row_ids=None, first=None, seq=None, last=None, chunk: int = 256):
     """The argmax over the whole vocabulary of ``full_head x`` (``x [n, d]`` normalized features,
-    ``full_head [V, d]``), among the tokens a draft may propose: all (``in_rows`` None), those of
-    ``in_rows [V]`` bool (its trained rows), and with ``first [B, V]`` (:func:`first_positions`),
+    ``full_head [V, d]``), among the tokens a draft may propose: all (``row_ids`` None), those of
+    ``row_ids [V_r]`` (its trained rows), and with ``first [B, V]`` (:func:`first_positions`),
     ``seq [n]`` and ``last [n]`` also those of each position's prefix ``x_0 .. x_last`` in sequence
     ``seq`` (its context rows). ``[n]`` int64 token ids; ``chunk`` rows at a time (``n x V`` floats
     are large)."""
     import torch
     import torch.nn.functional as F
 
+    if row_ids is not None:
+        in_rows = torch.zeros(full_head.shape[0], dtype=torch.bool)  # [V]
+        in_rows[row_ids] = True
     out = []
     for lo in range(0, x.shape[0], chunk):
         z = F.linear(x[lo : lo + chunk], full_head)  # [c, V]
-        if in_rows is not None:
+        if row_ids is not None:
             allowed = in_rows[None].expand_as(z)
             if first is not None:
                 allowed = allowed | (first[seq[lo : lo + chunk]] <= last[lo : lo + chunk, None])
@@ -174,9 +177,6 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
         labels = torch.softmax(F.linear(targets, head.head), dim=-1)  # [N, V_r]: the target's distribution there
         if full_head is not None:  # [N]: the target's argmax over all V
             truth = argmax_over_rows(targets, full_head)
-            if first is not None:
-                in_rows = torch.zeros(full_head.shape[0], dtype=torch.bool)
-                in_rows[head.vocab_ids] = True
     n0 = T - 1  # rows of step 0 (true pairs 0 .. T-2)
     loss, stats, past, f = 0.0, {}, None, None
     for s in range(steps):
@@ -209,7 +209,7 @@ def draft_losses(head, tokens, hidden, learn, noise: float, steps: int = 3, deca
                 right = head.vocab_ids[z.argmax(-1)] == truth[at]
             else:
                 b, j = picked.nonzero(as_tuple=True)  # row j's call: the prefix x_0 .. x_{j+1}
-                right = argmax_over_rows(head.final_norm(labelled_f), full_head, in_rows, first, b, j + 1) == truth[at]
+                right = argmax_over_rows(head.final_norm(labelled_f), full_head, head.vocab_ids, first, b, j + 1) == truth[at]
             stats[f"top{s + 1}"] = float(right.float().sum() / count)
             if s == 0:
                 stats["overlap1"] = float(torch.minimum(torch.softmax(z, -1), labels[at]).sum(-1).sum() / count)
