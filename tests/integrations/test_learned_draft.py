@@ -248,9 +248,13 @@ def test_hybrid_context_names_the_draft_that_proposes(tiny):
             ld.HybridDraft(hybrid.learned, lookup, min_ngram=bad)
 
 
-def test_the_law_test_rejects_a_draft_reporting_the_wrong_row(tiny):
+@pytest.mark.parametrize("context_rows", [True, False])
+def test_the_law_test_rejects_a_draft_reporting_the_wrong_row(tiny, context_rows):
+    """The power check of the law tests, with and without context rows."""
     model, head = tiny
-    counts, _, law, _ = _continuation_counts(model, head, RUNS, "token", draft_cls=RowsAtWrongIds)
+    broken = lambda head, target, generator=None: RowsAtWrongIds(head, target, generator=generator,  # noqa: E731
+                                                                 context_rows=context_rows)
+    counts, _, law, _ = _continuation_counts(model, head, RUNS, "token", draft_cls=broken)
     assert st.chisquare_counts(counts, law).pvalue < ALPHA
 
 
