@@ -135,10 +135,12 @@ def shard_plan(args):
     """Every shard of the run: ``(kind, chunk, index in chunk, path)``; the shard's batch is the
     ``index``-th slice of the chunk's prompts or chats."""
     plan = []
-    for kind, total, chunk, batch, folder in (("answers", args.prompts, GEN_CHUNK, args.gen_batch, args.answers_dir),
-                                               ("documents", args.documents, DOC_CHUNK, args.doc_batch, args.documents_dir)):
-        for c in range(math.ceil(total / chunk)):
-            for s in range(math.ceil(min(chunk, total - c * chunk) / batch)):
+    skip = getattr(args, "prompts_from", 0)  # the answers to prompts skip .. skip + prompts (skip: a multiple of gen_batch)
+    for kind, lo, total, chunk, batch, folder in (
+            ("answers", skip, skip + args.prompts, GEN_CHUNK, args.gen_batch, args.answers_dir),
+            ("documents", 0, args.documents, DOC_CHUNK, args.doc_batch, args.documents_dir)):
+        for c in range(lo // chunk, math.ceil(total / chunk)):
+            for s in range(max(0, lo - c * chunk) // batch, math.ceil(min(chunk, total - c * chunk) / batch)):
                 plan.append((kind, c, s, folder / f"shard_c{c:03d}_{s:05d}.pt"))
     return plan
 

@@ -82,8 +82,10 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
     feeds each first-step pair ``(h_t, x_{t+1})`` once more with ``x_{t+1}`` replaced by a token
     drawn uniformly from the draft's vocabulary (``seed``), the pair alone (the true pairs before
     it as context): ``random_top1``. Returns a dict with ``top1 [steps]``, ``random_top1``,
-    ``positions``, ``vocab_coverage`` (the share of the answers' tokens the draft can propose) and ``only_true`` / ``only_random`` (positions right with one token and not the
-    other: a token the draft ignores makes them equally likely). ``context_rows``: the draft
+    ``positions``, ``vocab_coverage`` (the share of the answers' tokens the draft can propose), ``only_true`` / ``only_random`` (positions right with one token and not the
+    other: a token the draft ignores makes them equally likely), ``answers`` (per prompt, the answer's
+    tokens) and ``first_right`` (per prompt, per answer token: 1 where step 1 drafted it; see
+    :func:`round_starts`). ``context_rows``: the draft
     proposes from its trained rows and the tokens of the call's prefix, as
     :class:`~specverify.integrations.learned_draft.LearnedDraft` does by default (False: the
     trained rows only); ``vocab_coverage`` counts the same rows. ``answers``: the target's answers
@@ -133,9 +135,13 @@ def teacher_forced(model, tokenizer, head, prompts, max_new: int = 64, steps: in
             known |= first[b_, t[start:]] < torch.arange(start, t.numel())
         inside.append(known)
     inside = float(torch.cat(inside).float().mean())
+    first_right = [[] for _ in seqs]  # per sequence, answer token by answer token: whether step 1 drafted it
+    for b_, right_ in zip(b.tolist(), right.tolist()):  # (b, j) in row-major order: j ascending
+        first_right[b_].append(int(right_))
     return {"top1": [stats[f"top{s + 1}"] for s in range(steps)], "random_top1": float(right_random.sum()) / max(1, n),
             "vocab_coverage": inside,
-            "positions": n, "only_true": int((right & ~right_random).sum()), "only_random": int((right_random & ~right).sum())}
+            "positions": n, "only_true": int((right & ~right_random).sum()), "only_random": int((right_random & ~right).sum()),
+            "first_right": first_right, "answers": [t[start:].tolist() for t, _, start in seqs]}
 
 
 def heldout_metrics(model, tokenizer, head, max_new: int = 96, steps: int = 4) -> dict:
@@ -208,7 +214,7 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
     import specverify as sv
     from specverify.integrations.learned_draft import learned_callbacks
 
-    records, inside, generated = [], 0, 0
+    records, inside, generated, continuations = [], 0, 0, {}
     vocab = set(head.vocab_ids.tolist())
     for mode in ("greedy", "sample"):
         for name, prompt in ids.items():
@@ -220,12 +226,13 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
                                         generator=torch.Generator().manual_seed(seed + 1), eos_token_id=eos)
             out = dec.generate(prompt, max_new)
             if greedy:  # the target's own greedy continuation (greedy output == the target's)
-                new = out[prompt.numel():].tolist()
+                new = continuations[name] = out[prompt.numel():].tolist()
                 seen = set(prompt.tolist())  # context rows: a token of the prefix is proposable
                 for t in new:
                     inside += t in vocab or t in seen
                     seen.add(t)
                 generated += len(new)
+            start = 0  # the continuation's index of the round's first drafted token
             for r, ((tokens, probs, rows), logits, row_ids, emitted) in enumerate(
                     zip(rec.rounds, rec.logits, rec.row_ids, dec.stats.emitted)):
                 gates = gate_statistics(tokens, probs, logits, row_ids)
@@ -237,8 +244,38 @@ def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: 
                         value = float(torch.minimum(p, probs[i].double()).sum())
                     records.append(dict(mode=mode, prompt=name, round=r, position=i + 1,
                                         reached=int(i < emitted), value=value, emitted=emitted,
-                                        gate=round(gates[i], 6)))
-    return records, inside / max(1, generated)
+                                        gate=round(gates[i], 6), start=start))
+                start += emitted
+    return records, inside / max(1, generated), continuations
+
+
+def round_starts(records, names, answers, first_right, continuations) -> dict:
+    """Why decoding's position 1 accepts less than teacher-forced step 1 reads: where rounds start.
+
+    A round's first draft token sits right after the previous round's end, mostly where the draft
+    had just failed: a harder position than the average answer token. On each prompt whose greedy
+    decoding (``continuations``, :func:`acceptance`) is the teacher-forced answer (``answers``,
+    ``first_right``: :func:`teacher_forced`; ``names`` its prompts' names in order), the greedy
+    records' position-1 acceptance at the rounds' starts, teacher-forced step 1 at those same
+    answer positions (equal, up to the two runs' arithmetic) and at all of the prompt's answer
+    positions."""
+    import numpy as np
+
+    decoded, forced, every, aligned = [], [], [], 0
+    for name, answer, right in zip(names, answers, first_right):
+        cont = continuations.get(name)
+        n = min(len(answer), len(right))
+        if cont is None or cont[:n] != answer[:n]:
+            continue
+        aligned += 1
+        every += right[:n]
+        for r in records:
+            if r["mode"] == "greedy" and r["prompt"] == name and r["position"] == 1 and r["start"] < n:
+                decoded.append(r["value"])
+                forced.append(right[r["start"]])
+    mean = lambda x: float(np.mean(x)) if x else float("nan")  # noqa: E731
+    return {"aligned_prompts": aligned, "round_starts": len(decoded), "decoded_at_starts": mean(decoded),
+            "forced_at_starts": mean(forced), "forced_everywhere": mean(every), "answer_positions": len(every)}
 
 
 class _Mode:
@@ -374,6 +411,19 @@ def write_table(summary, speed, meta, out_path, command):
                   "|---|" + "--:|" * (steps + 2),
                   "| top-1 | " + " | ".join(f"{x:.3f}" for x in forced["top1"])
                   + f" | {forced['random_top1']:.3f} | {forced['only_true']} / {forced['only_random']} |", ""]
+        starts = forced.get("round_starts")
+        if starts and starts["round_starts"]:
+            lines += ["Where decoding's rounds start (`draft_eval.round_starts`; the "
+                      f"{starts['aligned_prompts']} prompts whose greedy decoding is the teacher-forced answer): a "
+                      "round's first draft token comes right after the previous round's end, mostly where the draft "
+                      "had just failed.", "",
+                      "| | positions | top-1 / accepted |", "|---|--:|--:|",
+                      f"| teacher-forced step 1, every answer position | {starts['answer_positions']} | "
+                      f"{starts['forced_everywhere']:.3f} |",
+                      f"| teacher-forced step 1, where greedy rounds start | {starts['round_starts']} | "
+                      f"{starts['forced_at_starts']:.3f} |",
+                      f"| greedy decoding, position 1 of those rounds | {starts['round_starts']} | "
+                      f"{starts['decoded_at_starts']:.3f} |", ""]
     if all("gate" in summary.get(mode, {}) for mode in ("greedy", "sample")):
         lines += ["## The gate's statistic against what it estimates", "",
                   "c_i = q_1(t_1) ... q_{i-1}(t_{i-1}) max q_i of the ungated draft at every drafted position (all "
@@ -669,12 +719,15 @@ def main(argv=None):
     print(f"planner costs: {planner_costs}")
     out_dir.mkdir(parents=True, exist_ok=True)
     sample = SAMPLE
-    records, coverage = acceptance(model, head, ids, args.k, args.max_new, sample, tokenizer.eos_token_id, args.seed)
+    records, coverage, continuations = acceptance(model, head, ids, args.k, args.max_new, sample,
+                                                  tokenizer.eos_token_id, args.seed)
     _write_csv(out_dir / "acceptance.csv", records)
     summary = acceptance_summary(records, args.k)
     summary["greedy"]["vocab_coverage"] = coverage
-    summary["teacher_forced"] = teacher_forced(model, tokenizer, head, list(prompts.values()), args.max_new, args.k,
-                                               args.seed)
+    forced = teacher_forced(model, tokenizer, head, list(prompts.values()), args.max_new, args.k, args.seed)
+    forced["round_starts"] = round_starts(records, list(prompts), forced.pop("answers"), forced.pop("first_right"),
+                                          continuations)
+    summary["teacher_forced"] = forced
     print(json.dumps(summary, indent=1))
     speed = []
     if not args.skip_speed:

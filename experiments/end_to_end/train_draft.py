@@ -11,7 +11,12 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages, 
    the prompts (``--prompts``) and teacher-forced document chats (``--documents``), shards of
    tokens and last-layer hidden states made by ``--data-workers`` processes.
 3. **Training** (:mod:`experiments.end_to_end.draft_training`): EAGLE's losses at answer positions,
-   over ``--ttt-steps`` unrolled draft steps, on the ``--vocab`` rows of a reduced vocabulary.
+   over ``--ttt-steps`` unrolled draft steps, on the ``--vocab`` rows of a reduced vocabulary, in
+   two phases: phase 1 from the target's last layer over the answers to ``--prompts`` prompts
+   (and ``--documents``); phase 2 continues phase 1's draft over the answers to the
+   ``--more-prompts`` prompts after them (``--more-epochs``, ``--more-lr``; its rows stay phase
+   1's). The data grows by phases a session can make, and a draft made before by phase 1's
+   parameters (``--init``) is continued rather than trained again.
 
 Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the parameters of how
 a shard is made, not how many there are; the run's key all parameters; an interrupted run resumes
@@ -34,15 +39,15 @@ from pathlib import Path
 
 from .. import paths
 from ..cli import number
-from .draft_data import collect_data, load_sequences, shard_plan
+from .draft_data import collect_data, shard_plan
 from .draft_prompts import DOC_CHUNK, GEN_CHUNK, PROMPTS_VERSION
 from .draft_training import ASSISTANT_HEADER, FORMAT, PRECISIONS, answer_start, reduced_vocabulary, train
 
 EXPERIMENT = "train_draft"
 
 #: What ``--tiny`` (the CI run) sets, whatever the command line says (it tells which options it overrides).
-TINY = dict(prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, documents=4, doc_batch=4, doc_len=48,
-            data_workers=1, epochs=3, max_steps=6, batch=2, max_len=64)
+TINY = dict(prompts=4, more_prompts=4, gen_batch=4, max_new=12, vocab=512, max_files=300, documents=4, doc_batch=4,
+            doc_len=48, data_workers=1, epochs=3, more_epochs=1, max_steps=6, batch=2, max_len=64)
 
 
 def parse_args(argv=None):
@@ -69,7 +74,15 @@ def parse_args(argv=None):
     parser.add_argument("--precision", choices=("auto",) + PRECISIONS, default="auto",
                         help="the forward's matrix products (bfloat16: ~1.5x faster a step where oneDNN has bfloat16 "
                              "kernels, AVX512 or AMX; auto: bfloat16 there, float32 elsewhere)")
-    parser.add_argument("--max-steps", type=count, default=0, help="stop after this many steps (0: all epochs)")
+    parser.add_argument("--more-prompts", type=count, default=0,
+                        help="phase 2: the draft trained on over the answers to this many prompts after --prompts' (0: none)")
+    parser.add_argument("--more-epochs", type=positive, default=2, help="phase 2's passes over its data")
+    parser.add_argument("--more-lr", type=number(float, 0, 1, low_open=True, high_open=True), default=5e-4,
+                        help="phase 2's peak learning rate")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="phase 1's draft made before (a file whose metadata has these parameters): train phase 2 "
+                             "from it instead of making phase 1's data and training it again")
+    parser.add_argument("--max-steps", type=count, default=0, help="stop each phase after this many steps (0: all epochs)")
     parser.add_argument("--seed", type=count, default=0)
     parser.add_argument("--threads", type=positive, default=2)
     parser.add_argument("--out", type=Path, default=None,
@@ -90,6 +103,11 @@ def parse_args(argv=None):
         args.precision = _auto_precision()
     if args.out is not None and args.out.exists() and not args.out.is_file():
         parser.error(f"--out {args.out} is not a file")
+    if args.prompts % args.gen_batch and args.more_prompts:
+        parser.error(f"--prompts {args.prompts} is not a multiple of --gen-batch {args.gen_batch}: --more-prompts' "
+                     "answers begin a shard")
+    if args.init is not None and not args.init.is_file():
+        parser.error(f"--init: no file {args.init}")
     if args.prompts + args.documents == 0:
         parser.error("--prompts and --documents are both 0: there is nothing to train on")
     if args.tiny and args.out is not None and _is_shipped(args.out):
@@ -113,6 +131,37 @@ def _is_shipped(path: Path) -> bool:
     return path.resolve() == DEFAULT_WEIGHTS.resolve()
 
 
+def _rows(args, plan, header):
+    """The training rows of ``plan``'s shards: ``(rows_by_kind, sources, tokens_by_kind)``."""
+    from .draft_data import load_sequences
+
+    sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "documents": []}
+    for kind, c, _, path in plan:
+        name = f"{kind}_c{c:03d}"
+        if name not in sources:
+            sources[name] = json.loads((path.parent / f"{name}.json").read_text())["sources"]
+        shard_rows = [(t, h, answer_start(t, header)) for t, h in load_sequences([path]) if h.shape[0] >= args.ttt_steps + 2]
+        tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _, _ in shard_rows)
+        tokens_by_kind[f"{kind}_trained"] = tokens_by_kind.get(f"{kind}_trained", 0) + sum(
+            max(0, min(int(t.numel()), args.max_len + 1) - start) for t, _, start in shard_rows)
+        rows_by_kind[kind] += shard_rows
+    return rows_by_kind, sources, tokens_by_kind
+
+
+def _summary(history) -> dict:
+    """A phase's log in a few numbers: its steps, minutes and final losses (the last tenth's mean)."""
+    last = history[-max(1, len(history) // 10):]
+    return {"steps": history[-1]["step"], "minutes": round(history[-1].get("seconds", 0.0) / 60, 1),
+            "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in history[-1]
+                      if k not in ("step", "seconds", "tokens")},
+            "first": {k: round(history[0][k], 4) for k in ("loss", "top1")}}
+
+
+def _phase1_params(params: dict) -> dict:
+    """The parameters that make phase 1's draft (not the continuation's, not how matrices are multiplied)."""
+    return {k: v for k, v in params.items() if not k.startswith("more_") and k not in ("precision", "format")}
+
+
 def main(argv=None):
     import torch
 
@@ -132,41 +181,68 @@ def main(argv=None):
                                                                       "max_steps", "ttt_steps")},
                     **({"precision": args.precision} if args.precision != "float32" else {}),
                     "format": FORMAT}
+    more_params = {k: getattr(args, k) for k in ("more_prompts", "more_epochs", "more_lr")}
     run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
-    print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}")
-    collect_data(args)
+    # phase 2's data: the answers to the --more-prompts prompts after phase 1's (their own chunks)
+    more = argparse.Namespace(**{**vars(args), "prompts": args.more_prompts, "prompts_from": args.prompts, "documents": 0})
+    more_dir = paths.result_dir(EXPERIMENT, {"train": train_params, "more": more_params}, args.results)
+    init = None
+    if args.init is not None:  # phase 1's draft, made before by these parameters
+        init = learned_draft.metadata(args.init)
+        made = _phase1_params(init.get("params", {}))
+        if init.get("params", {}).get("more_prompts") or made != _phase1_params(train_params):
+            raise SystemExit(f"--init {args.init} was not made by phase 1 of these parameters: it says "
+                             f"{json.dumps(init.get('params'), sort_keys=True)}")
+    print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}"
+          + (f"\ncontinued: {more_dir}" if args.more_prompts else ""))
+    if init is None:
+        collect_data(args)
+    if args.more_prompts:
+        collect_data(more)
     if args.data_only:
         return None
-    run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
     model, tokenizer = smollm2.load(log=print)
     model.requires_grad_(False)
     header = tokenizer(ASSISTANT_HEADER, add_special_tokens=False)["input_ids"]
-    sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "documents": []}
-    for kind, c, _, path in shard_plan(args):
-        name = f"{kind}_c{c:03d}"
-        if name not in sources:
-            sources[name] = json.loads((path.parent / f"{name}.json").read_text())["sources"]
-        shard_rows = [(t, h, answer_start(t, header)) for t, h in load_sequences([path]) if h.shape[0] >= args.ttt_steps + 2]
-        tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + sum(int(t.numel()) for t, _, _ in shard_rows)
-        tokens_by_kind[f"{kind}_trained"] = tokens_by_kind.get(f"{kind}_trained", 0) + sum(
-            max(0, min(int(t.numel()), args.max_len + 1) - start) for t, _, start in shard_rows)
-        rows_by_kind[kind] += shard_rows
-    rows = rows_by_kind["answers"] + rows_by_kind["documents"]
-    n_tokens = tokens_by_kind.get("answers", 0) + tokens_by_kind.get("documents", 0)
-    always = sorted(set(tokenizer.all_special_ids))
-    vocab_ids, coverage = reduced_vocabulary(rows_by_kind["answers"], rows_by_kind["documents"], args.vocab, always)
-    print(f"{len(rows)} sequences, {n_tokens} tokens; reduced vocabulary {vocab_ids.numel()} covers {coverage:.3f} "
-          "of the answers' tokens")
-
-    torch.manual_seed(args.seed)
-    head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
-    head.init_from_layer(model.model.layers[-1])
-    history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
-                    max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
-    if not history:
-        raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
-    out = args.out if args.out is not None else run_dir / "draft.safetensors"
+    if init is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        rows_by_kind, sources, tokens_by_kind = _rows(args, shard_plan(args), header)
+        rows = rows_by_kind["answers"] + rows_by_kind["documents"]
+        always = sorted(set(tokenizer.all_special_ids))
+        vocab_ids, coverage = reduced_vocabulary(rows_by_kind["answers"], rows_by_kind["documents"], args.vocab, always)
+        print(f"{len(rows)} sequences, {sum(t.numel() for t, _, _ in rows)} tokens; reduced vocabulary "
+              f"{vocab_ids.numel()} covers {coverage:.3f} of the answers' tokens")
+        torch.manual_seed(args.seed)
+        head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
+        head.init_from_layer(model.model.layers[-1])
+        history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
+                        max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
+        if not history:
+            raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
+        (run_dir / "history.json").write_text(json.dumps(history))
+        phase1 = {"sequences": len(rows), "tokens_by_kind": tokens_by_kind, **_summary(history)}
+        coverage = round(coverage, 4)
+    else:
+        head = learned_draft.load(model, args.init)
+        sources, coverage = init["sources"], init["vocab_coverage_answers"]
+        phase1 = {k: init[k] for k in ("sequences", "tokens_by_kind", "steps", "minutes", "final", "first")}
+        phase1["init"] = {"file": str(args.init), "params": init.get("params"), "run": init.get("run")}
+    phases = [phase1]
+    if args.more_prompts:  # phase 2: phase 1's draft trained on, over the answers to the next prompts
+        more_dir.mkdir(parents=True, exist_ok=True)
+        rows_by_kind, more_sources, tokens_by_kind = _rows(args, shard_plan(more), header)
+        rows = rows_by_kind["answers"]
+        sources = {**sources, **more_sources}
+        head.train().requires_grad_(True)
+        torch.manual_seed(args.seed)
+        history = train(head, rows, args.more_epochs, args.batch, args.max_len, args.more_lr, args.noise, args.seed,
+                        more_dir, max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
+        if not history:
+            raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {more_dir / 'checkpoint.pt'})")
+        (more_dir / "history.json").write_text(json.dumps(history))
+        phases.append({"sequences": len(rows), "tokens_by_kind": tokens_by_kind, **_summary(history)})
+    out = args.out if args.out is not None else (more_dir if args.more_prompts else run_dir) / "draft.safetensors"
     heldout = None
     if not args.tiny:  # the held-out teacher-forced top-1 (~1 min; the CI run's toy draft skips it)
         from .draft_eval import heldout_metrics
@@ -174,19 +250,22 @@ def main(argv=None):
         head.eval()
         heldout = heldout_metrics(model, tokenizer, head)
         print(f"held-out teacher-forced top-1 at steps 1-4: {heldout['top1']} (random token: {heldout['random_top1']})")
-    last = history[-max(1, len(history) // 10):]
-    final_keys = [k for k in history[-1] if k not in ("step", "seconds", "tokens")]
-    meta = {"params": train_params, "sources": sources, "sequences": len(rows), "tokens": n_tokens,
-            "steps": history[-1]["step"],
+    tokens_by_kind = {}
+    for phase in phases:
+        for kind, n in phase["tokens_by_kind"].items():
+            tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + n
+    meta = {"params": {**train_params, **more_params}, "sources": sources,
+            "sequences": sum(s["sequences"] for s in phases),
+            "tokens": tokens_by_kind.get("answers", 0) + tokens_by_kind.get("documents", 0),
+            "steps": sum(s["steps"] for s in phases),
             "tokens_by_kind": tokens_by_kind,
-            "vocab_coverage_answers": round(coverage, 4),
-            "minutes": round(history[-1].get("seconds", 0.0) / 60, 1) if history else 0.0,  # of training, all parts
-            "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in final_keys},
-            "first": {k: round(history[0][k], 4) for k in ("loss", "top1")} if history else {},
+            "vocab_coverage_answers": coverage,
+            "minutes": round(sum(s["minutes"] for s in phases), 1),  # of training, all parts
+            "final": phases[-1]["final"], "first": phases[0]["first"],
+            "phases": phases,
             "heldout": heldout,
             "run": paths.run_metadata()}
     learned_draft.save(head, out, meta=meta)
-    (run_dir / "history.json").write_text(json.dumps(history))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB): {json.dumps(meta['final'])}")
     return out
 

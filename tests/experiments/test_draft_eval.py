@@ -93,6 +93,27 @@ def test_acceptance_summary_and_table(run, tmp_path):
         assert f"| {config} |" in text
 
 
+def test_round_starts_compare_decoding_with_teacher_forcing_where_rounds_start(run, tmp_path):
+    """Position 1 of each greedy round against teacher-forced step 1 at the round's start and at
+    every answer position, on the prompts whose decoding is the teacher-forced answer only."""
+    def rec(prompt, start, value, mode="greedy", position=1):
+        return dict(mode=mode, prompt=prompt, round=0, position=position, reached=1, value=value, emitted=1, gate=0.1,
+                    start=start)
+
+    records = [rec("a", 0, 1.0), rec("a", 1, 0.0), rec("a", 1, 1.0, position=2), rec("a", 3, 1.0), rec("a", 9, 1.0),
+               rec("a", 2, 0.0, mode="sample"), rec("b", 0, 1.0)]
+    answers, first_right = [[1, 2, 3, 4, 5], [7, 8, 9]], [[1, 0, 0, 1, 1], [0, 0, 0]]
+    got = draft_eval.round_starts(records, ["a", "b"], answers, first_right, {"a": [1, 2, 3, 4, 5, 6], "b": [7, 8, 0]})
+    assert got == {"aligned_prompts": 1, "round_starts": 3, "decoded_at_starts": pytest.approx(2 / 3),
+                   "forced_at_starts": pytest.approx(2 / 3), "forced_everywhere": pytest.approx(3 / 5),
+                   "answer_positions": 5}  # b's decoding left its answer: not counted; a's start 9 is past it
+    out_dir, summary, speed, meta = run
+    summary = dict(summary, teacher_forced={"top1": [0.5], "random_top1": 0.1, "only_true": 5, "only_random": 1,
+                                            "positions": 5, "round_starts": got})
+    draft_eval.write_table(summary, speed, meta, tmp_path / "t.md", "cmd")
+    assert "| teacher-forced step 1, where greedy rounds start | 3 | 0.667 |" in (tmp_path / "t.md").read_text()
+
+
 def test_the_figure_is_drawn_from_the_cached_run(run, tmp_path):
     out_dir, *_ = run
     path = draft_eval.plot(out_dir, tmp_path / "learned_draft.png")

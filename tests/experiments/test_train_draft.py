@@ -82,6 +82,10 @@ def test_reduced_vocabulary_ranks_the_answers_first():
     (["--batch", "two"], "--batch: must be an integer"),
     (["--ttt-steps", "0"], "--ttt-steps"),
     (["--tiny", "--out", "specverify/integrations/data/smollm2_draft.safetensors"], "not over the shipped"),
+    (["--prompts", "100", "--more-prompts", "64"], "not a multiple of --gen-batch 32"),
+    (["--more-epochs", "0"], "--more-epochs"),
+    (["--more-lr", "1"], "--more-lr"),
+    (["--init", "no/such/draft.safetensors"], "--init: no file"),
 ])
 def test_bad_options_are_refused_naming_them(argv, words, capsys):
     with pytest.raises(SystemExit) as info:
@@ -278,6 +282,7 @@ def test_the_defaults_are_the_shipped_drafts_parameters():
     assert args.precision == shipped_precision or train_draft._auto_precision() != shipped_precision
     for key, value in params.items():
         assert getattr(args, key) == value, key
+    assert args.more_prompts == params.get("more_prompts", 0)  # a one-phase file: the defaults make no phase 2
 
 
 def _data_args(tmp_path, prompts=8, gen_batch=2):
@@ -318,3 +323,23 @@ def test_workers_take_the_next_unclaimed_shard(tmp_path, monkeypatch):
     assert all(p.is_file() for p in paths) and sorted(made) == [0, 1, 2, 3]
     assert not list(plan[0][3].parent.glob("*.claim"))
     assert draft_data.make_shards(args) == 0
+
+
+def test_phase_two_answers_the_prompts_after_phase_one(tmp_path, monkeypatch):
+    """``--more-prompts``' shards continue phase 1's: the next prompts of the same chunks (and the
+    next chunks), each shard from the seed it would have in one long run, none made twice."""
+    made = []
+    _fake_data(monkeypatch, made)
+    first = _data_args(tmp_path, prompts=6)
+    more = _data_args(tmp_path, prompts=1284)
+    more.prompts_from = 6
+    one_run = _data_args(tmp_path, prompts=1290)
+    names = lambda plan: [p.name for *_, p in plan]  # noqa: E731
+    assert names(draft_data.shard_plan(first)) + names(draft_data.shard_plan(more)) == names(draft_data.shard_plan(one_run))
+    assert names(draft_data.shard_plan(more))[0] == "shard_c000_00003.pt"
+    assert names(draft_data.shard_plan(more))[-1] == "shard_c002_00004.pt"
+    draft_data.collect_data(first)
+    draft_data.collect_data(more)
+    stride = draft_prompts.CHUNK_SEED_STRIDE
+    assert sorted(made) == sorted(stride * c + s for _, c, s, _ in draft_data.shard_plan(one_run))
+    assert draft_data.make_shards(one_run) == 0  # one long run finds every shard made

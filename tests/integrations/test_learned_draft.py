@@ -806,6 +806,8 @@ def test_the_shipped_draft_reads_its_token(smol):
     prompts = list(prompt_sets.HELDOUT_PROMPTS.values())[:8]
     result = draft_eval.teacher_forced(model, tokenizer, head, prompts, max_new=48, steps=1)
     assert result["positions"] > 300 and token_is_read(result), result
+    right = [x for row in result["first_right"] for x in row]  # per position, what top1[0] averages
+    assert len(right) == result["positions"] and sum(right) / len(right) == pytest.approx(result["top1"][0])
     saved = head.embed_norm.detach().clone()
     try:
         with torch.no_grad():
@@ -837,6 +839,18 @@ def test_tiny_training_run(tmp_path):
     assert ld.DEFAULT_WEIGHTS.read_bytes() == shipped  # a training run never writes the shipped draft
     meta = ld.metadata(out)
     assert meta["final"]["loss"] < meta["first"]["loss"]
+    assert [phase["steps"] for phase in meta["phases"]] == [6, 2] and meta["steps"] == 8  # 4 answers, batch 2, 1 epoch
+    # phase 2 from a phase-1 draft made before: only a file of phase 1's parameters is taken
+    with pytest.raises(SystemExit, match="not made by phase 1 of these parameters"):
+        train_draft.main(["--tiny", "--results", str(tmp_path / "results"), "--init", str(out)])
+    phase1 = tmp_path / "phase1.safetensors"
+    head = ld.load(*smollm2.load()[:1], out)
+    ld.save(head, phase1, meta={**meta, "params": {k: v for k, v in meta["params"].items() if not k.startswith("more_")}})
+    again = tmp_path / "again.safetensors"
+    train_draft.main(["--tiny", "--results", str(tmp_path / "results2"), "--init", str(phase1), "--out", str(again)])
+    meta2 = ld.metadata(again)
+    assert meta2["phases"][0]["init"]["file"] == str(phase1) and meta2["phases"][1]["steps"] == 2
+    assert not list((tmp_path / "results2").rglob("shard_c000_00000.pt"))  # phase 1's data is not made again
     model, tokenizer = smollm2.load()
     head = ld.load(model, out)
     ids = _chat(tokenizer, "Say hello.")
