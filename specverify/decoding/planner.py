@@ -188,7 +188,8 @@ class Planner:
         ``T(n)`` and each candidate's ``D(k)`` (by its name; a name not measured is timed
         online). ``None``: every cost is learned from this planner's timings (``clock``): a
         target pass's seconds by the tokens it scored (unseen lengths priced optimistically, as
-        :class:`~specverify.decoding.adaptive.AdaptiveK` does), each draft's by the rows it computed.
+        :class:`~specverify.decoding.adaptive.AdaptiveK` does), each draft's by the rows it computed
+        in rounds it runs in a row (a call after rounds it sat out also catches up on their tokens).
     k_max : int
         The longest proposal (tree depth) of any round.
     explore_every : int
@@ -270,6 +271,7 @@ class Planner:
         self._unused = []  # (candidate, context, tokens) of deterministic proposals not used, for hindsight
         self._last_prefix = None
         self._called = set()  # candidates called in this sequence (a first call catches up on the prefix)
+        self._ran_last = set()  # planned candidates that ran in the round before this one
 
     # -- the decoder's policy protocol ----------------------------------------------------------
     def begin(self) -> None:
@@ -320,13 +322,18 @@ class Planner:
         """``call()``, its seconds learned as ``candidate``'s cost for ``rows()`` draft rows (rows
         is read after the call: a gated chain knows them only then) unless the costs are measured.
         A candidate's first call in a sequence is not learned: a model draft catches up on the
-        whole prefix there (the prompt's prefill), which no later call of that length repeats."""
+        whole prefix there (the prompt's prefill), which no later call of that length repeats. Nor
+        is a planned candidate's call after rounds it sat out: it catches up on their tokens (a
+        learned draft feeds every new pair to its cache), and learned as the cost of its rows that
+        made a draft that had sat out dearer the longer it sat out, until it was chosen no more.
+        Its cost is what a call costs in rounds it runs in a row, one round's tokens to catch up."""
         t0 = self.clock()
         out = call()
         n = rows()
         first = candidate.name not in self._called
         self._called.add(candidate.name)
-        if (self.costs is None or candidate.name not in self.costs.drafts) and n > 0 and not first:
+        caught_up = candidate.deterministic or candidate.name in self._ran_last
+        if (self.costs is None or candidate.name not in self.costs.drafts) and n > 0 and not first and caught_up:
             self.draft_fit[candidate.name].add(n, self.clock() - t0)
         return out
 
@@ -427,6 +434,8 @@ class Planner:
         fallback = max([nothing, *fixed], key=lambda ch: ch.rate)  # what a gate stopping at once proposes
         planned = [self._history_choice(c, k, base, fallback) for c in self.candidates if not c.deterministic]
         best = max([nothing, *fixed, *planned], key=lambda ch: ch.rate)  # the first on ties
+        # which planned candidates ran last round: a call after rounds sat out catches up on them
+        self._ran_last = {name for name, idle in self._idle.items() if idle == 0}
         for name in self._idle:
             self._idle[name] += 1
         if best.candidate is not None and best.candidate.name in self._idle:  # won on merit

@@ -351,6 +351,45 @@ def test_online_costs_skip_what_reads_the_prompt():
         np.testing.assert_allclose(fit.y_at[seen] / fit.w_at[seen], 1.0, rtol=1e-12)
 
 
+def test_online_costs_skip_a_call_that_catches_up_on_rounds_sat_out():
+    """A learned draft's call after rounds in which another proposal was used also feeds their
+    tokens to its cache, so it takes longer the longer the draft sat out. Learned as the cost of its
+    rows, that priced a draft out the more, the less it ran (the online planner's lock-out of the
+    learned chain on held-out prompts). Here a call right after the draft's last round takes 1
+    tick, one after rounds sat out 50: the learned draft cost must hold 1s only, while calls of
+    both kinds were made."""
+    target, draft = bigram_pair(3, 5)
+    step = gated_chain(draft, np.random.default_rng(0), greedy=True)
+    now, gaps = [0.0], []
+    planner = None
+
+    def chain(prefix, k, gate=None):
+        gap = planner.rounds - chain.last_round
+        chain.last_round = planner.rounds
+        gaps.append(gap)
+        now[0] += 1.0 if gap == 1 else 50.0
+        return step(prefix, k, gate=gate)
+
+    chain.last_round = -10
+    lookup = LookupLike(target._p, target._p)  # the target's argmax (greedy: always right) when it has a proposal
+    planner = Planner([Candidate("chain", chain), Candidate("lookup", lookup, deterministic=True)], None, k_max=3,
+                      explore_every=1, clock=lambda: now[0])
+    score = markov_callbacks(target, draft, None)[1]
+
+    def target_step(*args):  # a pass: 10 ticks, whatever it scores
+        now[0] += 10.0
+        return score(*args)
+
+    dec = sv.SpeculativeDecoder(planner, target_step, k="auto", greedy=True, clock=lambda: now[0])
+    for _ in range(6):
+        dec.generate([1], max_new=60)
+    assert gaps.count(1) >= 20 and sum(g > 1 for g in gaps[1:]) >= 5  # both kinds of call, beyond the first
+    fit = planner.draft_fit["chain"]
+    seen = fit.w_at > 0
+    assert seen.any()
+    np.testing.assert_allclose(fit.y_at[seen] / fit.w_at[seen], 1.0, rtol=1e-12)
+
+
 def test_bad_arguments_name_themselves():
     step = lookup_of([1])
     with pytest.raises(TypeError, match="name"):
