@@ -203,11 +203,13 @@ def gate_statistics(tokens, probs, logits, row_ids):
 def acceptance(model, head, ids, k: int, max_new: int, sample: dict, eos, seed: int):
     """Per-round records of the learned draft (alone) on every prompt, greedy and sampling.
 
-    Returns a list of dicts: ``mode, prompt, round, position, reached, value`` (greedy: argmax
-    match; sampling: the overlap ``a_i``), ``emitted`` (tokens the round emitted), ``gate`` (the
-    gate's statistic :func:`gate_statistics`; the draft runs ungated), and the share of the
-    target's greedy continuations' tokens the draft could propose (in its trained rows or earlier
-    in the sequence: its context rows).
+    Returns ``(records, coverage, continuations)``: a list of dicts ``mode, prompt, round,
+    position, reached, value`` (greedy: argmax match; sampling: the overlap ``a_i``), ``emitted``
+    (tokens the round emitted), ``gate`` (the gate's statistic :func:`gate_statistics`; the draft
+    runs ungated) and ``start`` (the continuation's index of the round's first draft token); the
+    share of the target's greedy continuations' tokens the draft could propose (in its trained rows
+    or earlier in the sequence: its context rows); and those continuations by prompt name (the
+    new tokens, for :func:`round_starts`).
     """
     import torch
 
