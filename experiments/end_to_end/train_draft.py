@@ -148,10 +148,18 @@ def _rows(args, plan, header):
     return rows_by_kind, sources, tokens_by_kind
 
 
-def _summary(history) -> dict:
-    """A phase's log in a few numbers: its steps, minutes and final losses (the last tenth's mean)."""
+def _train_phase(args, head, rows, tokens_by_kind, epochs: int, lr: float, folder: Path) -> dict:
+    """Train ``head`` over ``rows`` (resumable in ``folder``, its log written there); the phase in a
+    few numbers for the metadata: its sequences, tokens, steps, minutes and final losses (the last
+    tenth's mean)."""
+    history = train(head, rows, epochs, args.batch, args.max_len, lr, args.noise, args.seed, folder,
+                    max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
+    if not history:
+        raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {folder / 'checkpoint.pt'})")
+    (folder / "history.json").write_text(json.dumps(history))
     last = history[-max(1, len(history) // 10):]
-    return {"steps": history[-1]["step"], "minutes": round(history[-1].get("seconds", 0.0) / 60, 1),
+    return {"sequences": len(rows), "tokens_by_kind": tokens_by_kind, "steps": history[-1]["step"],
+            "minutes": round(history[-1].get("seconds", 0.0) / 60, 1),
             "final": {k: round(sum(h[k] for h in last) / len(last), 4) for k in history[-1]
                       if k not in ("step", "seconds", "tokens")},
             "first": {k: round(history[0][k], 4) for k in ("loss", "top1")}}
@@ -213,15 +221,10 @@ def main(argv=None):
         vocab_ids, coverage = reduced_vocabulary(rows_by_kind["answers"], rows_by_kind["documents"], args.vocab, always)
         print(f"{len(rows)} sequences, {sum(t.numel() for t, _, _ in rows)} tokens; reduced vocabulary "
               f"{vocab_ids.numel()} covers {coverage:.3f} of the answers' tokens")
-        torch.manual_seed(args.seed)
+        torch.manual_seed(args.seed)  # the head's initialization
         head = learned_draft.FeatureHead(model.config, vocab_ids).attach(model)
         head.init_from_layer(model.model.layers[-1])
-        history = train(head, rows, args.epochs, args.batch, args.max_len, args.lr, args.noise, args.seed, run_dir,
-                        max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
-        if not history:
-            raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {run_dir / 'checkpoint.pt'})")
-        (run_dir / "history.json").write_text(json.dumps(history))
-        phase1 = {"sequences": len(rows), "tokens_by_kind": tokens_by_kind, **_summary(history)}
+        phase1 = _train_phase(args, head, rows, tokens_by_kind, args.epochs, args.lr, run_dir)
         coverage = round(coverage, 4)
     else:
         head = learned_draft.load(model, args.init)
@@ -235,13 +238,7 @@ def main(argv=None):
         rows = rows_by_kind["answers"]
         sources = {**sources, **more_sources}
         head.train().requires_grad_(True)
-        torch.manual_seed(args.seed)
-        history = train(head, rows, args.more_epochs, args.batch, args.max_len, args.more_lr, args.noise, args.seed,
-                        more_dir, max_steps=args.max_steps, ttt_steps=args.ttt_steps, precision=args.precision)
-        if not history:
-            raise SystemExit(f"no training step was taken (a finished run: its checkpoint is {more_dir / 'checkpoint.pt'})")
-        (more_dir / "history.json").write_text(json.dumps(history))
-        phases.append({"sequences": len(rows), "tokens_by_kind": tokens_by_kind, **_summary(history)})
+        phases.append(_train_phase(args, head, rows, tokens_by_kind, args.more_epochs, args.more_lr, more_dir))
     out = args.out if args.out is not None else (more_dir if args.more_prompts else run_dir) / "draft.safetensors"
     heldout = None
     if not args.tiny:  # the held-out teacher-forced top-1 (~1 min; the CI run's toy draft skips it)
