@@ -1,6 +1,6 @@
 """The learned draft's self-distillation data: stage 2 of :mod:`experiments.end_to_end.train_draft`.
 
-Two kinds, both stored as shards of int32 tokens and float16 last-layer hidden states ``h_t`` of
+Three kinds, all stored as shards of int32 tokens and float16 last-layer hidden states ``h_t`` of
 every position (a forward pre-hook on the target's final norm keeps them, so the soft labels -- the
 target's distribution at every position, ``softmax(W norm(h_t))`` -- need no second pass):
 
@@ -10,9 +10,13 @@ target's distribution at every position, ``softmax(W norm(h_t))`` -- need no sec
 - *documents* (:func:`document_shard`): one teacher-forced forward over a chat whose user turn asks
   to continue a piece of a file and whose assistant turn is the text that follows it in that file:
   the target's features and distributions on text it did not write, at ~200 tokens/s on one core
-  (no decoding), so the data grows ~3x faster per core.
+  (no decoding), so the data grows ~3x faster per core;
+- *requests* (:func:`write_requests`, then :func:`generate_shard`): the target's answers to
+  requests it writes itself (Magpie: its chat template up to the user turn, sampled), drawn shard
+  by shard (``gen_batch`` draws, the unfinished dropped: ~26 of 32 kept): what a chat model is asked,
+  by the model's own account, with no template of ours; phase 2's ``--more-source target``.
 
-Both are drawn in chunks (``GEN_CHUNK`` prompts, ``DOC_CHUNK`` documents:
+All are drawn in chunks (``GEN_CHUNK`` prompts, ``DOC_CHUNK`` documents:
 :mod:`experiments.end_to_end.draft_prompts`), chunk ``c`` from its own seed, so a larger
 ``--prompts`` or ``--documents`` adds chunks and keeps every shard already made. :func:`shard_plan`
 names every shard of a run; :func:`make_shards` makes the missing ones (resumable);
@@ -27,7 +31,12 @@ import math
 import os
 from pathlib import Path
 
-from .draft_prompts import CHUNK_SEED_STRIDE, DOC_CHUNK, GEN_CHUNK, document_chunk, prompt_chunk
+from .draft_prompts import (CHUNK_SEED_STRIDE, DOC_CHUNK, GEN_CHUNK, REQUEST_MIN_WORDS, REQUEST_SAMPLING, REQUEST_SOURCES,
+                            REQUEST_TOKENS, document_chunk, prompt_chunk)
+
+
+#: Added to a requests shard's seed for the draw of its requests (its answers are drawn from the seed itself).
+REQUEST_SEED_OFFSET = 500_001
 
 
 class _NormInputs:
@@ -84,6 +93,33 @@ def generate_shard(model, tokenizer, prompts, max_new: int, sample: bool, seed: 
     return result
 
 
+def write_requests(model, tokenizer, n: int, seed: int):
+    """Up to ``n`` requests the target writes itself (:data:`~.draft_prompts.REQUEST_SAMPLING`): one
+    batched ``generate`` from its chat template up to the user turn, the finished turns of
+    ``REQUEST_MIN_WORDS`` words or more kept, in draw order (strings)."""
+    import torch
+
+    system_and_user = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False)
+    prefix = system_and_user[: system_and_user.index("\x00")]  # the template's text before a user turn's content
+    ids = tokenizer([prefix] * n, return_tensors="pt", add_special_tokens=False)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(**ids, do_sample=True, top_k=0, max_new_tokens=REQUEST_TOKENS, eos_token_id=end,
+                             pad_token_id=tokenizer.pad_token_id, **REQUEST_SAMPLING)
+    drawn = (kept_request(row, end, tokenizer.decode) for row in out[:, ids["input_ids"].shape[1]:].tolist())
+    return [text for text in drawn if text is not None]
+
+
+def kept_request(row, end: int, decode):
+    """The request in the drawn tokens ``row`` (a list), or None: a turn that never ends (a page of
+    text, not a request), has fewer than ``REQUEST_MIN_WORDS`` words or opens another turn."""
+    if end not in row:
+        return None
+    text = decode(row[: row.index(end)]).strip()
+    return text if len(text.split()) >= REQUEST_MIN_WORDS and "<|im_start|>" not in text else None
+
+
 def document_shard(model, tokenizer, turns, max_len: int):
     """Teacher-forced hidden states of the chats ``turns`` (``(user, assistant)`` pairs), in the
     format of :func:`generate_shard`: ``(tokens [n] int32, hidden [n - 1, d] float16)`` per chat,
@@ -119,11 +155,15 @@ def _save(rows, path: Path):
 
 
 def _chunk_inputs(kind: str, c: int, data_dir: Path, seed: int, max_files: int):
-    """Chunk ``c``'s prompts (kind ``answers``) or chats (``documents``), cached as JSON."""
+    """Chunk ``c``'s prompts (kind ``answers``) or chats (``documents``), cached as JSON (kind
+    ``requests``: none, the target writes them shard by shard; the JSON says how)."""
     path = data_dir / f"{kind}_c{c:03d}.json"
     if path.is_file():
         return json.loads(path.read_text())["items"]
-    items, sources = (prompt_chunk if kind == "answers" else document_chunk)(c, seed, max_files)
+    if kind == "requests":
+        items, sources = [], REQUEST_SOURCES
+    else:
+        items, sources = (prompt_chunk if kind == "answers" else document_chunk)(c, seed, max_files)
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"items": items, "sources": sources}))
@@ -136,8 +176,10 @@ def shard_plan(args):
     ``index``-th slice of the chunk's prompts or chats."""
     plan = []
     skip = getattr(args, "prompts_from", 0)  # the answers to prompts skip .. skip + prompts (skip: a multiple of gen_batch)
+    requests = getattr(args, "requests", 0)
     for kind, lo, total, chunk, batch, folder in (
             ("answers", skip, skip + args.prompts, GEN_CHUNK, args.gen_batch, args.answers_dir),
+            ("requests", 0, requests, GEN_CHUNK, args.gen_batch, getattr(args, "requests_dir", None)),
             ("documents", 0, args.documents, DOC_CHUNK, args.doc_batch, args.documents_dir)):
         for c in range(lo // chunk, math.ceil(total / chunk)):
             for s in range(max(0, lo - c * chunk) // batch, math.ceil(min(chunk, total - c * chunk) / batch)):
@@ -186,10 +228,13 @@ def make_shards(args, worker: int = 0, workers: int = 1) -> int:
             continue
         folder = path.parent
         items = _chunk_inputs(kind, c, folder, args.seed, args.max_files)
-        if kind == "answers":
-            chunk = items[s * args.gen_batch : (s + 1) * args.gen_batch]
-            rows = generate_shard(model, tokenizer, chunk, args.max_new, sample=bool(s % 2),
-                                  seed=args.seed + CHUNK_SEED_STRIDE * c + s)
+        seed = args.seed + CHUNK_SEED_STRIDE * c + s
+        if kind in ("answers", "requests"):
+            if kind == "answers":
+                chunk = items[s * args.gen_batch : (s + 1) * args.gen_batch]
+            else:  # the same seeds as the answers' shards would be fine; an offset keeps the two draws apart
+                chunk = write_requests(model, tokenizer, args.gen_batch, seed + REQUEST_SEED_OFFSET)
+            rows = generate_shard(model, tokenizer, chunk, args.max_new, sample=bool(s % 2), seed=seed) if chunk else []
         else:
             chunk = items[s * args.doc_batch : (s + 1) * args.doc_batch]
             rows = document_shard(model, tokenizer, chunk, args.doc_len)
@@ -205,8 +250,8 @@ def collect_data(args):
     plan = shard_plan(args)
     for _, c, _, path in plan:  # the chunks' inputs once, before the workers share them
         path.parent.mkdir(parents=True, exist_ok=True)
-    for kind, c in sorted({(k, c) for k, c, _, p in plan if not p.is_file()}):
-        _chunk_inputs(kind, c, args.answers_dir if kind == "answers" else args.documents_dir, args.seed, args.max_files)
+    for kind, c, folder in sorted({(k, c, p.parent) for k, c, _, p in plan if not p.is_file()}):
+        _chunk_inputs(kind, c, folder, args.seed, args.max_files)
     workers = min(args.data_workers, max(1, sum(not p.is_file() for *_, p in plan)))
     _drop_claims(plan)
     try:

@@ -4,7 +4,8 @@ Prompts from text that is on this machine and is not the project's: Python funct
 documentation paragraphs of the installed packages (``site-packages``) and ``/usr/share/doc``,
 wrapped in instruction templates (explain, summarize, comment, continue, answer a question about
 a heading ...) as one user turn of the chat template, and everyday requests and tasks written
-here (:data:`CHAT_TEMPLATES`, :data:`TASK_TEMPLATES`). The project's prompt sets
+here (:data:`CHAT_TEMPLATES`, :data:`TASK_TEMPLATES`); or requests the target writes itself
+(:data:`REQUEST_SAMPLING`: :func:`experiments.end_to_end.draft_data.request_shard`). The project's prompt sets
 (:mod:`experiments.end_to_end.prompt_sets`) are the held-out evaluation: no template copies
 their instructions and no text of theirs is used.
 
@@ -217,6 +218,22 @@ DOC_TEMPLATES = [
     "Here is the beginning of a {kind}. Write what comes next.\n{text}",
     "What comes after this {kind}?\n{text}",
 ]
+
+
+#: Requests the target writes itself (Magpie, Xu et al. 2024): it continues its chat template up to
+#: the user turn, ``<|im_start|>user\n``, sampled at this temperature and top-p (1.0 / 0.95: varied
+#: requests, the far tail cut), for at most ``REQUEST_TOKENS`` tokens; a request is kept when it
+#: ends with the turn's end token and has ``REQUEST_MIN_WORDS`` words or more (about a third of the
+#: draws run on as a web page would, never closing the turn: dropped). Bump ``REQUESTS_VERSION`` when
+#: these change (part of the requests' cache key).
+REQUEST_SAMPLING = dict(temperature=1.0, top_p=0.95)
+REQUEST_TOKENS = 64
+REQUEST_MIN_WORDS = 4
+REQUESTS_VERSION = 1
+#: What a requests chunk's ``sources`` say (its prompts are made with the shards, by the target).
+REQUEST_SOURCES = {"requests": "written by the target: its chat template up to the user turn, sampled at "
+                               f"temperature {REQUEST_SAMPLING['temperature']}, top-p {REQUEST_SAMPLING['top_p']}, "
+                               f"up to {REQUEST_TOKENS} tokens; kept when the turn ends and has >= {REQUEST_MIN_WORDS} words"}
 
 
 def prompt_chunk(c: int, seed: int, max_files: int):

@@ -15,7 +15,8 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages, 
    two phases: phase 1 from the target's last layer over the answers to ``--prompts`` prompts
    (and ``--documents``); phase 2 continues phase 1's draft over the answers to the
    ``--more-prompts`` prompts after them (``--more-epochs``, ``--more-lr``; its rows stay phase
-   1's). The data grows by phases a session can make, and a draft made before by phase 1's
+   1's), or, ``--more-source target``, over the answers to ``--more-prompts`` requests the target
+   writes itself (drawn; the unfinished dropped). The data grows by phases a session can make, and a draft made before by phase 1's
    parameters (``--init``) is continued rather than trained again.
 
 Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the parameters of how
@@ -40,7 +41,7 @@ from pathlib import Path
 from .. import paths
 from ..cli import number
 from .draft_data import collect_data, shard_plan
-from .draft_prompts import DOC_CHUNK, GEN_CHUNK, PROMPTS_VERSION
+from .draft_prompts import DOC_CHUNK, GEN_CHUNK, PROMPTS_VERSION, REQUESTS_VERSION
 from .draft_training import ASSISTANT_HEADER, FORMAT, PRECISIONS, answer_start, reduced_vocabulary, train
 
 EXPERIMENT = "train_draft"
@@ -76,6 +77,9 @@ def parse_args(argv=None):
                              "kernels, AVX512 or AMX; auto: bfloat16 there, float32 elsewhere)")
     parser.add_argument("--more-prompts", type=count, default=0,
                         help="phase 2: the draft trained on over the answers to this many prompts after --prompts' (0: none)")
+    parser.add_argument("--more-source", choices=("templates", "target"), default="templates",
+                        help="phase 2's prompts: the templates' next ones, or requests the target writes itself "
+                             "(--more-prompts of them drawn, the unfinished dropped)")
     parser.add_argument("--more-epochs", type=positive, default=2, help="phase 2's passes over its data")
     parser.add_argument("--more-lr", type=number(float, 0, 1, low_open=True, high_open=True), default=5e-4,
                         help="phase 2's peak learning rate")
@@ -135,7 +139,7 @@ def _rows(args, plan, header):
     """The training rows of ``plan``'s shards: ``(rows_by_kind, sources, tokens_by_kind)``."""
     from .draft_data import load_sequences
 
-    sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "documents": []}
+    sources, tokens_by_kind, rows_by_kind = {}, {}, {"answers": [], "requests": [], "documents": []}
     for kind, c, _, path in plan:
         name = f"{kind}_c{c:03d}"
         if name not in sources:
@@ -182,6 +186,9 @@ def main(argv=None):
                                         args.results, versioned=False)
     args.documents_dir = paths.result_dir(EXPERIMENT, {"documents": {**shard_params, "doc_batch": args.doc_batch,
                                                                        "doc_len": args.doc_len}}, args.results, versioned=False)
+    args.requests_dir = paths.result_dir(EXPERIMENT, {"requests": {"seed": args.seed, "gen_batch": args.gen_batch,
+                                                                     "max_new": args.max_new, "requests_version": REQUESTS_VERSION}},
+                                         args.results, versioned=False)
     data_params = {k: getattr(args, k) for k in ("prompts", "gen_batch", "max_new", "documents", "doc_batch", "doc_len", "seed")}
     if args.max_files != 6000:
         data_params["max_files"] = args.max_files
@@ -190,9 +197,14 @@ def main(argv=None):
                     **({"precision": args.precision} if args.precision != "float32" else {}),
                     "format": FORMAT}
     more_params = {k: getattr(args, k) for k in ("more_prompts", "more_epochs", "more_lr")}
+    if args.more_source != "templates":  # (the templates' runs keep the keys they had before the option)
+        more_params["more_source"] = args.more_source
     run_dir = paths.result_dir(EXPERIMENT, {"train": train_params}, args.results)
-    # phase 2's data: the answers to the --more-prompts prompts after phase 1's (their own chunks)
-    more = argparse.Namespace(**{**vars(args), "prompts": args.more_prompts, "prompts_from": args.prompts, "documents": 0})
+    # phase 2's data: the answers to the --more-prompts prompts after phase 1's (their own chunks), or
+    # to --more-prompts requests the target writes (their own folder)
+    target = args.more_source == "target"
+    more = argparse.Namespace(**{**vars(args), "prompts": 0 if target else args.more_prompts, "prompts_from": args.prompts,
+                                 "requests": args.more_prompts if target else 0, "documents": 0})
     more_dir = paths.result_dir(EXPERIMENT, {"train": train_params, "more": more_params}, args.results)
     init = None
     if args.init is not None:  # phase 1's draft, made before by these parameters
@@ -201,7 +213,8 @@ def main(argv=None):
         if init.get("params", {}).get("more_prompts") or made != _phase1_params(train_params):
             raise SystemExit(f"--init {args.init} was not made by phase 1 of these parameters: it says "
                              f"{json.dumps(init.get('params'), sort_keys=True)}")
-    print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\nrun: {run_dir}"
+    print(f"answers: {args.answers_dir}\ndocuments: {args.documents_dir}\n"
+          + (f"requests: {args.requests_dir}\n" if target and args.more_prompts else "") + f"run: {run_dir}"
           + (f"\ncontinued: {more_dir}" if args.more_prompts else ""))
     if init is None:
         collect_data(args)
@@ -235,7 +248,7 @@ def main(argv=None):
     if args.more_prompts:  # phase 2: phase 1's draft trained on, over the answers to the next prompts
         more_dir.mkdir(parents=True, exist_ok=True)
         rows_by_kind, more_sources, tokens_by_kind = _rows(args, shard_plan(more), header)
-        rows = rows_by_kind["answers"]
+        rows = rows_by_kind["answers"] + rows_by_kind["requests"]
         sources = {**sources, **more_sources}
         head.train().requires_grad_(True)
         phases.append(_train_phase(args, head, rows, tokens_by_kind, args.more_epochs, args.more_lr, more_dir))
@@ -253,7 +266,7 @@ def main(argv=None):
             tokens_by_kind[kind] = tokens_by_kind.get(kind, 0) + n
     meta = {"params": {**train_params, **more_params}, "sources": sources,
             "sequences": sum(s["sequences"] for s in phases),
-            "tokens": tokens_by_kind.get("answers", 0) + tokens_by_kind.get("documents", 0),
+            "tokens": sum(tokens_by_kind.get(k, 0) for k in ("answers", "requests", "documents")),
             "steps": sum(s["steps"] for s in phases),
             "tokens_by_kind": tokens_by_kind,
             "vocab_coverage_answers": coverage,

@@ -343,3 +343,42 @@ def test_phase_two_answers_the_prompts_after_phase_one(tmp_path, monkeypatch):
     stride = draft_prompts.CHUNK_SEED_STRIDE
     assert sorted(made) == sorted(stride * c + s for _, c, s, _ in draft_data.shard_plan(one_run))
     assert draft_data.make_shards(one_run) == 0  # one long run finds every shard made
+
+
+def test_a_request_is_kept_when_its_turn_ends_with_words_enough():
+    """The target's requests (``--more-source target``): a draw is kept only when the user turn
+    closes, has ``REQUEST_MIN_WORDS`` words or more and opens no other turn."""
+    end = 2
+    words = {5: "How", 6: "do", 7: "I", 8: "bake", 9: "bread?", 10: "<|im_start|>assistant"}
+    decode = lambda row: " ".join(words[t] for t in row)  # noqa: E731
+    assert draft_data.kept_request([5, 6, 7, 8, 9, end, end], end, decode) == "How do I bake bread?"
+    assert draft_data.kept_request([5, 6, 7, 8, 9], end, decode) is None  # never closed: a page, not a request
+    assert draft_data.kept_request([5, 6, 9, end], end, decode) is None  # three words
+    assert draft_data.kept_request([5, 6, 7, 10, 9, end], end, decode) is None  # another turn inside
+    assert draft_prompts.REQUEST_MIN_WORDS == 4
+
+
+def test_phase_two_from_the_targets_requests(tmp_path, monkeypatch):
+    """``--more-source target``: the shards live in their own folder; each draws its requests from
+    its seed plus ``REQUEST_SEED_OFFSET`` and answers the kept ones from the seed itself; a shard
+    whose draws were all dropped is saved empty (made, not drawn again)."""
+    made = []
+    _fake_data(monkeypatch, made)
+    drawn = []
+
+    def write(model, tokenizer, n, seed):
+        drawn.append((n, seed))
+        return [] if len(drawn) == 2 else [f"request {i}" for i in range(n - 1)]
+
+    monkeypatch.setattr(draft_data, "write_requests", write)
+    args = _data_args(tmp_path, prompts=0)
+    args.requests, args.requests_dir = 1286, tmp_path / "r"  # two chunks and a shard of the third
+    plan = draft_data.shard_plan(args)
+    assert {kind for kind, *_ in plan} == {"requests"} and {p.parent for *_, p in plan} == {args.requests_dir}
+    assert len(plan) == 2 * 320 + 3 and plan[-1][3].name == "shard_c002_00002.pt"
+    draft_data.collect_data(args)
+    stride = draft_prompts.CHUNK_SEED_STRIDE
+    seeds = [stride * c + s for _, c, s, _ in plan]
+    assert sorted(seed for _, seed in drawn) == sorted(s + draft_data.REQUEST_SEED_OFFSET for s in seeds)
+    assert len(made) == len(plan) - 1  # the shard with no request kept generates nothing
+    assert all(p.is_file() for *_, p in plan) and draft_data.make_shards(args) == 0

@@ -851,6 +851,13 @@ def test_tiny_training_run(tmp_path):
     meta2 = ld.metadata(again)
     assert meta2["phases"][0]["init"]["file"] == str(phase1) and meta2["phases"][1]["steps"] == 2
     assert not list((tmp_path / "results2").rglob("shard_c000_00000.pt"))  # phase 1's data is not made again
+    # phase 2 over requests the target writes itself: their own folder, said in the metadata
+    target = tmp_path / "target.safetensors"
+    train_draft.main(["--tiny", "--results", str(tmp_path / "results2"), "--init", str(phase1), "--more-source", "target",
+                      "--out", str(target)])
+    meta3 = ld.metadata(target)
+    assert meta3["params"]["more_source"] == "target" and "requests" in meta3["sources"]["requests_c000"]
+    assert meta3["phases"][1]["tokens_by_kind"]["requests"] > 0 and "answers" not in meta3["phases"][1]["tokens_by_kind"]
     model, tokenizer = smollm2.load()
     head = ld.load(model, out)
     ids = _chat(tokenizer, "Say hello.")
