@@ -5,7 +5,7 @@ documentation paragraphs of the installed packages (``site-packages``) and ``/us
 wrapped in instruction templates (explain, summarize, comment, continue, answer a question about
 a heading ...) as one user turn of the chat template, and everyday requests and tasks written
 here (:data:`CHAT_TEMPLATES`, :data:`TASK_TEMPLATES`); or requests the target writes itself
-(:data:`REQUEST_SAMPLING`: :func:`experiments.end_to_end.draft_data.request_shard`). The project's prompt sets
+(:data:`REQUEST_SAMPLING`: :func:`experiments.end_to_end.draft_data.write_requests`). The project's prompt sets
 (:mod:`experiments.end_to_end.prompt_sets`) are the held-out evaluation: no template copies
 their instructions and no text of theirs is used.
 
@@ -223,8 +223,8 @@ DOC_TEMPLATES = [
 #: Requests the target writes itself (Magpie, Xu et al. 2024): it continues its chat template up to
 #: the user turn, ``<|im_start|>user\n``, sampled at this temperature and top-p (1.0 / 0.95: varied
 #: requests, the far tail cut), for at most ``REQUEST_TOKENS`` tokens; a request is kept when it
-#: ends with the turn's end token and has ``REQUEST_MIN_WORDS`` words or more (about a third of the
-#: draws run on as a web page would, never closing the turn: dropped). Bump ``REQUESTS_VERSION`` when
+#: ends with the turn's end token and has ``REQUEST_MIN_WORDS`` words or more (about one draw in
+#: five runs on as a web page would, never closing the turn: dropped; 1,296 of 1,632 kept). Bump ``REQUESTS_VERSION`` when
 #: these change (part of the requests' cache key).
 REQUEST_SAMPLING = dict(temperature=1.0, top_p=0.95)
 REQUEST_TOKENS = 64

@@ -16,8 +16,9 @@ and a reduced-vocabulary slice of its LM head). Three cached, resumable stages, 
    (and ``--documents``); phase 2 continues phase 1's draft over the answers to the
    ``--more-prompts`` prompts after them (``--more-epochs``, ``--more-lr``; its rows stay phase
    1's), or, ``--more-source target``, over the answers to ``--more-prompts`` requests the target
-   writes itself (drawn; the unfinished dropped). The data grows by phases a session can make, and a draft made before by phase 1's
-   parameters (``--init``) is continued rather than trained again.
+   writes itself (drawn; the unfinished dropped). The data grows by phases a session can make,
+   and a draft made before by phase 1's parameters (``--init``) is continued rather than trained
+   again.
 
 Everything lands in ``results/train_draft/<key>/`` (the data's key hashes the parameters of how
 a shard is made, not how many there are; the run's key all parameters; an interrupted run resumes
